@@ -1,0 +1,147 @@
+"""Configs and the two run profiles (``smoke`` for CI, ``full`` for students).
+
+Every size a notebook uses comes from :func:`get_profile`, chosen by the
+environment variable ``GRPO_COURSE_PROFILE`` (``smoke`` | ``full``, default
+``full``). Notebooks never edit sizes in cells.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+PROFILE_ENV = "GRPO_COURSE_PROFILE"
+PROFILE_NAMES = ("smoke", "full")
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work (raised with one readable message)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation sizes."""
+
+    n: int = 256                # held-out test problems
+    batch_size: int = 32        # prompts decoded together
+    max_new_tokens: int = 256   # greedy completion budget
+
+    def __post_init__(self) -> None:
+        if self.n <= 0 or self.batch_size <= 0 or self.max_new_tokens <= 0:
+            raise ConfigError(f"EvalConfig sizes must be positive, got {self}")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """The from-scratch trainer's hyper-parameters (TRL's names where they exist)."""
+
+    model: str = DEFAULT_MODEL
+    num_generations: int = 4            # G: completions per prompt
+    per_step_completions: int = 8       # B: completions per optimizer step (prompts = B / G)
+    max_completion_length: int = 128
+    max_steps: int = 40
+    learning_rate: float = 2e-4
+    beta: float = 0.0                   # KL weight; 0 -> no reference model in memory
+    epsilon_low: float = 0.2
+    epsilon_high: float | None = None   # None -> same as epsilon_low
+    loss_type: str = "grpo"             # grpo | bnpo | dr_grpo | dapo
+    scale_rewards: str = "group"        # group | batch | none
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    use_lora: bool = True
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj",
+                                             "gate_proj", "up_proj", "down_proj")
+    reward_weights: dict[str, float] = field(default_factory=lambda: {
+        "correctness": 1.0, "exact_format": 0.5, "number_extraction": 0.5})
+    sft_steps: int = 0                  # supervised warm-up steps on GSM8K train solutions
+    sft_batch_size: int = 8
+    sft_learning_rate: float = 5e-4
+    train_offset: int = 0               # first GSM8K train row used
+    seed: int = 0
+    log_every: int = 1
+    save_every: int = 0                 # 0 -> only at the end (and on Ctrl-C)
+
+    def __post_init__(self) -> None:
+        check_group_config(self.num_generations, self.per_step_completions)
+        if self.max_completion_length <= 0:
+            raise ConfigError(
+                f"max_completion_length must be > 0, got {self.max_completion_length}")
+        if self.loss_type not in ("grpo", "bnpo", "dr_grpo", "dapo"):
+            raise ConfigError(
+                f"loss_type must be one of grpo, bnpo, dr_grpo, dapo; got {self.loss_type!r}")
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ConfigError(
+                f"scale_rewards must be group, batch or none; got {self.scale_rewards!r}")
+        if self.max_steps < 0 or self.sft_steps < 0:
+            raise ConfigError("max_steps and sft_steps must be >= 0")
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.per_step_completions // self.num_generations
+
+
+def check_group_config(num_generations: int, batch_completions: int) -> None:
+    """Raise :class:`ConfigError` unless ``batch_completions`` splits into groups of G >= 2."""
+    if num_generations < 2:
+        raise ConfigError(
+            f"num_generations (G) must be >= 2: GRPO's baseline is the mean of a group, "
+            f"and a group of {num_generations} has no spread; got {num_generations}")
+    if batch_completions <= 0 or batch_completions % num_generations:
+        raise ConfigError(
+            f"the batch of {batch_completions} completions is not divisible by "
+            f"num_generations={num_generations}; use a multiple of {num_generations}")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """All sizes of one profile, per chapter."""
+
+    name: str
+    eval: EvalConfig
+    grpo: GRPOConfig
+    # chapter 1
+    n_inspect: int = 2000            # rows for the length histograms
+    n_demo: int = 3                  # problems answered live
+    # chapter 2
+    reward_prompts: int = 8          # prompts sampled for the reward distributions
+    # chapters 4-7 read their own entries from ``extra``
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def with_grpo(self, **changes: Any) -> "Profile":
+        return replace(self, grpo=replace(self.grpo, **changes))
+
+
+PROFILES: dict[str, Profile] = {
+    "smoke": Profile(
+        name="smoke",
+        eval=EvalConfig(n=8, batch_size=8, max_new_tokens=48),
+        grpo=GRPOConfig(max_steps=2, per_step_completions=8, num_generations=4,
+                        max_completion_length=32, sft_steps=2, sft_batch_size=4),
+        n_inspect=200, n_demo=1, reward_prompts=2,
+        extra={},
+    ),
+    "full": Profile(
+        name="full",
+        eval=EvalConfig(n=256, batch_size=32, max_new_tokens=256),
+        grpo=GRPOConfig(),
+        n_inspect=7473, n_demo=3, reward_prompts=8,
+        extra={},
+    ),
+}
+
+
+def get_profile(name: str | None = None) -> Profile:
+    """The profile named ``name``, else ``$GRPO_COURSE_PROFILE``, else ``full``."""
+    name = name or os.environ.get(PROFILE_ENV) or "full"
+    name = name.strip().lower()
+    if name not in PROFILES:
+        raise ConfigError(
+            f"unknown profile {name!r} (from ${PROFILE_ENV} or the argument); "
+            f"choose one of {', '.join(PROFILE_NAMES)}")
+    return PROFILES[name]

@@ -1,0 +1,207 @@
+"""GSM8K: loading, answer normalization, difficulty strata and chat prompts.
+
+Source order for :func:`load_gsm8k`: the ``data_dir`` argument, then the
+environment variable ``GSM8K_DIR`` (a folder with ``train.jsonl`` and
+``test.jsonl``), then ``datasets.load_dataset("openai/gsm8k", "main")``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, Iterable
+
+DATA_ENV = "GSM8K_DIR"
+SPLITS = ("train", "test")
+STRATA = ("basic", "intermediate", "advanced")
+
+#: The answer format the course teaches: GSM8K's own final line ``#### <number>``.
+SYSTEM_PROMPT = (
+    "You are a careful math tutor. Solve the problem step by step, one short "
+    "calculation per line. Then write the final answer on its own last line as "
+    "'#### <number>' with nothing after it."
+)
+
+_CALC = re.compile(r"<<[^<>]*>>")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+class DataError(ValueError):
+    """Missing or malformed data (the message names the file and line)."""
+
+
+# ---------------------------------------------------------------- numbers
+def normalize_number(text: str) -> str | None:
+    """Canonical string of the number in ``text`` or ``None``.
+
+    ``"1,000.50" -> "1000.5"``, ``"$-3" -> "-3"``, ``"7.0" -> "7"``, ``"3/4" -> "0.75"``,
+    ``"1e5" -> "100000"``. Thousands commas, currency, percent signs and spaces are ignored.
+    """
+    if text is None:
+        return None
+    s = str(text).strip().replace(",", "").replace("$", "").replace("%", "")
+    s = s.replace("\u2212", "-").replace(" ", "").rstrip(".")
+    if not s:
+        return None
+    try:
+        if re.fullmatch(r"-?\d+/\d+", s):
+            num, den = s.split("/")
+            if int(den) == 0:
+                return None
+            value = Decimal(num) / Decimal(den)
+        elif re.fullmatch(r"-?(\d+\.?\d*|\.\d+)(e[+-]?\d{1,3})?", s, flags=re.I):
+            value = Decimal(s)
+        else:
+            return None
+    except (InvalidOperation, ValueError):
+        return None
+    if not value.is_finite():
+        return None
+    text_value = format(value.normalize(), "f")
+    if "." in text_value:
+        text_value = text_value.rstrip("0").rstrip(".")
+    return "0" if text_value in ("-0", "") else text_value
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in free text, normalized (``None`` if there is none)."""
+    found = _NUMBER.findall(text or "")
+    for candidate in reversed(found):
+        value = normalize_number(candidate)
+        if value is not None:
+            return value
+    return None
+
+
+def extract_hash_answer(text: str) -> str | None:
+    """The normalized number after the last ``####`` in ``text`` (``None`` if absent)."""
+    if not text or "####" not in text:
+        return None
+    tail = text.rsplit("####", 1)[1].strip()
+    match = _NUMBER.search(tail.replace("$", ""))
+    return normalize_number(match.group(0)) if match else None
+
+
+# ---------------------------------------------------------------- rows
+def count_steps(solution: str) -> int:
+    """Reasoning steps of a GSM8K solution: its non-empty lines before ``####``."""
+    work = solution.rsplit("####", 1)[0]
+    return sum(1 for line in work.splitlines() if line.strip())
+
+
+def difficulty(num_steps: int) -> str:
+    """Stratum by step count: basic (<= 2), intermediate (3-4), advanced (>= 5)."""
+    if num_steps <= 2:
+        return "basic"
+    return "intermediate" if num_steps <= 4 else "advanced"
+
+
+def parse_row(raw: dict[str, Any], where: str = "row") -> dict[str, Any]:
+    """One raw GSM8K record ``{"question", "answer"}`` -> the course's columns."""
+    if not isinstance(raw, dict) or "question" not in raw or "answer" not in raw:
+        keys = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
+        raise DataError(f"{where}: expected keys 'question' and 'answer', got {keys}")
+    question, solution = raw["question"], raw["answer"]
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: 'question' is empty or not text")
+    if not isinstance(solution, str) or "####" not in solution:
+        raise DataError(f"{where}: the solution has no '#### <answer>' line")
+    tail = solution.rsplit("####", 1)[1].strip()
+    answer = normalize_number(tail)
+    if answer is None:
+        raise DataError(f"{where}: the final answer {tail!r} is not a number")
+    steps = count_steps(solution)
+    return {"question": question.strip(), "solution": solution.strip(), "answer": answer,
+            "num_steps": steps, "num_calculations": len(_CALC.findall(solution)),
+            "difficulty": difficulty(steps)}
+
+
+def read_jsonl(path: Path, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
+    """Parse a GSM8K jsonl file; a malformed line raises :class:`DataError` naming it."""
+    rows: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            if lineno <= offset:
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
+            rows.append(parse_row(raw, where))
+            if limit is not None and len(rows) >= limit:
+                break
+    return rows
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
+    """The local GSM8K folder to read, or ``None`` to use the Hugging Face hub."""
+    chosen = data_dir if data_dir is not None else os.environ.get(DATA_ENV) or None
+    if chosen is None:
+        return None
+    path = Path(chosen).expanduser()
+    source = "data_dir" if data_dir is not None else f"${DATA_ENV}"
+    if not path.is_dir():
+        raise DataError(f"GSM8K folder {str(path)!r} (from {source}) does not exist; point "
+                        f"{source} at a folder holding train.jsonl and test.jsonl")
+    return path
+
+
+def load_gsm8k(split: str = "train", data_dir: str | os.PathLike | None = None,
+               limit: int | None = None, offset: int = 0):
+    """GSM8K ``split`` as a :class:`datasets.Dataset` with columns ``question``,
+    ``solution``, ``answer`` (normalized gold number as a string), ``num_steps``,
+    ``num_calculations``, ``difficulty`` and ``idx`` (row number in the split)."""
+    import datasets
+
+    if split not in SPLITS:
+        raise DataError(f"split must be one of {SPLITS}, got {split!r}")
+    folder = resolve_data_dir(data_dir)
+    if folder is not None:
+        path = folder / f"{split}.jsonl"
+        if not path.is_file():
+            raise DataError(f"{path} is missing: the GSM8K folder needs {split}.jsonl")
+        rows = read_jsonl(path, limit=limit, offset=offset)
+    else:
+        try:
+            hub = datasets.load_dataset("openai/gsm8k", "main", split=split)
+        except Exception as exc:  # offline, no cache
+            raise DataError(
+                f"could not load openai/gsm8k from the Hugging Face hub ({type(exc).__name__}); "
+                f"offline, set ${DATA_ENV} to a folder with train.jsonl and test.jsonl") from exc
+        stop = len(hub) if limit is None else min(len(hub), offset + limit)
+        rows = [parse_row(hub[i], f"openai/gsm8k[{split}][{i}]") for i in range(offset, stop)]
+    for i, row in enumerate(rows):
+        row["idx"] = offset + i
+    return datasets.Dataset.from_list(rows)
+
+
+# ---------------------------------------------------------------- prompts
+def chat_messages(question: str, system_prompt: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
+    """The conversation the model sees (TRL's conversational prompt format)."""
+    return [{"role": "system", "content": system_prompt},
+            {"role": "user", "content": question}]
+
+
+def chat_prompt(question: str, tokenizer, system_prompt: str = SYSTEM_PROMPT) -> str:
+    """The chat-template text of one problem, ending where the assistant starts."""
+    return tokenizer.apply_chat_template(chat_messages(question, system_prompt),
+                                         tokenize=False, add_generation_prompt=True)
+
+
+def chat_prompts(questions: Iterable[str], tokenizer,
+                 system_prompt: str = SYSTEM_PROMPT) -> list[str]:
+    return [chat_prompt(q, tokenizer, system_prompt) for q in questions]
+
+
+def sft_text(question: str, solution: str, tokenizer,
+             system_prompt: str = SYSTEM_PROMPT) -> tuple[str, str]:
+    """(prompt, target) for supervised warm-up: the target is the GSM8K solution
+    without calculator annotations, ending with ``#### N`` and the end-of-turn token."""
+    work = _CALC.sub("", solution).strip()
+    end = tokenizer.eos_token or ""
+    return chat_prompt(question, tokenizer, system_prompt), work + end

