@@ -109,7 +109,8 @@ class Profile:
     n_inspect: int = 2000            # rows for the length histograms
     n_demo: int = 3                  # problems answered live
     # chapter 2
-    reward_prompts: int = 8          # prompts sampled for the reward distributions
+    reward_prompts: int = 8          # prompts sampled for the reward distributions (G = grpo.num_generations)
+    reward_max_new_tokens: int = 200  # completion budget of those samples
     # chapters 4-7 read their own entries from ``extra``
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -123,14 +124,14 @@ PROFILES: dict[str, Profile] = {
         eval=EvalConfig(n=8, batch_size=8, max_new_tokens=48),
         grpo=GRPOConfig(max_steps=2, per_step_completions=8, num_generations=4,
                         max_completion_length=32, sft_steps=2, sft_batch_size=4),
-        n_inspect=200, n_demo=1, reward_prompts=2,
+        n_inspect=200, n_demo=1, reward_prompts=2, reward_max_new_tokens=48,
         extra={},
     ),
     "full": Profile(
         name="full",
         eval=EvalConfig(n=256, batch_size=32, max_new_tokens=256),
         grpo=GRPOConfig(),
-        n_inspect=7473, n_demo=3, reward_prompts=8,
+        n_inspect=7473, n_demo=3, reward_prompts=16, reward_max_new_tokens=200,
         extra={},
     ),
 }
