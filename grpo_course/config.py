@@ -129,7 +129,7 @@ PROFILES: dict[str, Profile] = {
     ),
     "full": Profile(
         name="full",
-        eval=EvalConfig(n=256, batch_size=32, max_new_tokens=256),
+        eval=EvalConfig(n=256, batch_size=32, max_new_tokens=200),
         grpo=GRPOConfig(),
         n_inspect=7473, n_demo=3, reward_prompts=16, reward_max_new_tokens=200,
         extra={},

@@ -122,6 +122,9 @@ def load_model(name: str = BUNDLED_NAME, dtype: torch.dtype = torch.float32,
     local = Path(source).exists()
     if local and (Path(source) / "adapter_config.json").is_file():
         return _load_adapter(Path(source), dtype, device)
+    if local and not (Path(source) / "config.json").is_file():
+        raise ModelError(f"{source} is not a loadable model folder: it has no config.json "
+                         "(expected a saved model or a PEFT adapter folder)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)

@@ -1,0 +1,188 @@
+"""Held-out GSM8K evaluation: greedy answers, accuracy, format rate, 95 % intervals.
+
+CLI::
+
+    python -m grpo_course.evaluate --model smollm2-135m-instruct --split test --n 200 --json
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from .data import SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a binomial proportion (``(0, 1)`` when n = 0)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def answers_match(predicted: str | None, gold: str) -> bool:
+    """Numeric equality of two normalized answers (tolerance 1e-6)."""
+    if predicted is None:
+        return False
+    try:
+        return math.isclose(float(predicted), float(gold), rel_tol=1e-9, abs_tol=1e-6)
+    except ValueError:
+        return predicted == gold
+
+
+@dataclass
+class EvalResult:
+    """Summary and per-problem records of one evaluation."""
+
+    n: int
+    correct: int
+    formatted: int
+    records: list[dict[str, Any]] = field(repr=False, default_factory=list)
+    seconds: float = 0.0
+    model: str = ""
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else 0.0
+
+    @property
+    def format_rate(self) -> float:
+        return self.formatted / self.n if self.n else 0.0
+
+    @property
+    def accuracy_ci95(self) -> tuple[float, float]:
+        return wilson_interval(self.correct, self.n)
+
+    @property
+    def format_ci95(self) -> tuple[float, float]:
+        return wilson_interval(self.formatted, self.n)
+
+    def by_stratum(self) -> dict[str, dict[str, Any]]:
+        """Accuracy and format rate per difficulty stratum, with n and intervals."""
+        out = {}
+        for stratum in STRATA:
+            rows = [r for r in self.records if r.get("difficulty") == stratum]
+            k = sum(r["correct"] for r in rows)
+            f = sum(r["formatted"] for r in rows)
+            out[stratum] = {"n": len(rows), "accuracy": k / len(rows) if rows else 0.0,
+                            "accuracy_ci95": wilson_interval(k, len(rows)),
+                            "format_rate": f / len(rows) if rows else 0.0}
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        lengths = [r["completion_tokens"] for r in self.records]
+        return {"model": self.model, "n": self.n, "accuracy": self.accuracy,
+                "accuracy_ci95": list(self.accuracy_ci95), "format_rate": self.format_rate,
+                "format_ci95": list(self.format_ci95),
+                "mean_completion_tokens": sum(lengths) / len(lengths) if lengths else 0.0,
+                "by_stratum": self.by_stratum(), "seconds": round(self.seconds, 2)}
+
+
+def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_tokens: int = 256,
+                   system_prompt: str = SYSTEM_PROMPT, progress: bool = True,
+                   name: str = "") -> EvalResult:
+    """Greedy-decode every problem of ``dataset`` (from :func:`load_gsm8k`) and score it.
+
+    Problems are batched by prompt length (less padding); records keep dataset order.
+    """
+    from tqdm.auto import tqdm
+
+    from .sampling import sample_completions
+
+    if batch_size <= 0 or max_new_tokens <= 0:
+        raise ValueError("batch_size and max_new_tokens must be positive")
+    rows = list(dataset)
+    prompts = [chat_prompt(r["question"], tokenizer, system_prompt) for r in rows]
+    order = sorted(range(len(rows)), key=lambda i: len(prompts[i]))
+    records: list[dict[str, Any] | None] = [None] * len(rows)
+    start = time.perf_counter()
+    bar = tqdm(total=len(rows), desc="evaluate", disable=not progress)
+    for lo in range(0, len(order), batch_size):
+        chunk = order[lo:lo + batch_size]
+        batch = sample_completions(model, tokenizer, [prompts[i] for i in chunk],
+                                   num_generations=1, max_new_tokens=max_new_tokens,
+                                   temperature=0.0)
+        lengths = batch.completion_lengths.tolist()
+        for j, i in enumerate(chunk):
+            row, text = rows[i], batch.completions[j]
+            predicted = extract_hash_answer(text)
+            records[i] = {"idx": row.get("idx", i), "difficulty": row.get("difficulty"),
+                          "num_steps": row.get("num_steps"), "gold": row["answer"],
+                          "predicted": predicted, "formatted": predicted is not None,
+                          "correct": answers_match(predicted, row["answer"]),
+                          "completion_tokens": int(lengths[j]), "completion": text}
+        bar.update(len(chunk))
+    bar.close()
+    done = [r for r in records if r is not None]
+    return EvalResult(n=len(done), correct=sum(r["correct"] for r in done),
+                      formatted=sum(r["formatted"] for r in done), records=done,
+                      seconds=time.perf_counter() - start, model=name)
+
+
+def evaluate(model_name: str, split: str = "test", n: int = 200, offset: int = 0,
+             data_dir: str | None = None, batch_size: int = 32, max_new_tokens: int = 256,
+             progress: bool = True) -> EvalResult:
+    """Load ``model_name`` (bundled name, folder or hub id) and evaluate it on
+    ``n`` problems of ``split`` starting at row ``offset``."""
+    from .models import load_model
+
+    dataset = load_gsm8k(split, data_dir=data_dir, limit=n, offset=offset)
+    model, tokenizer = load_model(model_name)
+    return evaluate_model(model, tokenizer, dataset, batch_size=batch_size,
+                          max_new_tokens=max_new_tokens, progress=progress, name=model_name)
+
+
+def write_csv(result: EvalResult, path: str) -> None:
+    """Per-problem records as CSV."""
+    keys = list(result.records[0]) if result.records else ["idx"]
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(result.records)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_course.evaluate",
+                                     description="Greedy GSM8K evaluation with 95 % intervals.")
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="bundled name, a model/adapter folder, or a hub id")
+    parser.add_argument("--split", default="test", choices=["train", "test"])
+    parser.add_argument("--n", type=int, default=200, help="number of problems")
+    parser.add_argument("--offset", type=int, default=0, help="first problem (row number)")
+    parser.add_argument("--data-dir", default=None, help="GSM8K folder (else $GSM8K_DIR, else hub)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--csv", default=None, help="write per-problem records here")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.n <= 0 or args.offset < 0:
+        parser.error("--n must be > 0 and --offset >= 0")
+    try:
+        result = evaluate(args.model, args.split, args.n, args.offset, args.data_dir,
+                          args.batch_size, args.max_new_tokens, progress=not args.json)
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.csv:
+        write_csv(result, args.csv)
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        lo, hi = result.accuracy_ci95
+        print(f"{args.model}: accuracy {result.accuracy:.1%} (95% CI {lo:.1%}-{hi:.1%}), "
+              f"format {result.format_rate:.1%}, n={result.n}, {result.seconds:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

