@@ -1,0 +1,243 @@
+"""Curriculum stages, the diagonal Fisher and the EWC penalty."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpo_course.curriculum import (EWC, CurriculumError, completion_log_likelihood,
+                                    curriculum_stages, ewc_penalty, fisher_diagonal,
+                                    order_by_pass_rate, reference_batches, shuffled_stages, take)
+from grpo_course.data import STRATA, load_gsm8k
+
+
+# ---------------------------------------------------------------- stages
+def _check_partition(dataset, stages):
+    ids = [i for s in stages for i in s.dataset["idx"]]
+    assert len(ids) == len(set(ids)), "stages overlap"
+    assert sorted(ids) == sorted(dataset["idx"]), "stages do not cover the data"
+
+
+def test_stages_disjoint_and_covering(gsm8k_dir):
+    data = load_gsm8k("train", data_dir=gsm8k_dir)
+    stages = curriculum_stages(data)
+    assert [s.strata for s in stages] == [(s,) for s in STRATA]
+    _check_partition(data, stages)
+    for stage in stages:
+        assert set(stage.dataset["difficulty"]) <= set(stage.strata)
+    assert [len(s) for s in stages] == [5, 0, 1]   # Bob's five-line solution is advanced
+
+
+def test_stages_on_real_gsm8k(real_gsm8k_dir):
+    data = load_gsm8k("train", data_dir=real_gsm8k_dir, limit=600)
+    stages = curriculum_stages(data, order=("intermediate", "basic", "advanced"))
+    _check_partition(data, stages)
+    assert stages[0].strata == ("intermediate",) and all(len(s) > 0 for s in stages)
+    small = take(stages, 20, seed=1)
+    assert [len(s) for s in small] == [20, 20, 20]
+    shuffled = shuffled_stages(small, seed=0)
+    assert [len(s) for s in shuffled] == [20, 20, 20]
+    # the baseline uses exactly the same rows, in another order
+    assert sorted(i for s in shuffled for i in s.dataset["idx"]) == \
+        sorted(i for s in small for i in s.dataset["idx"])
+    assert len({i for s in shuffled for i in s.dataset["idx"]}) == 60
+    assert set(shuffled[0].dataset["difficulty"]) != {"basic"}
+
+
+def test_order_by_pass_rate_easiest_first_ties_keep_step_order():
+    assert order_by_pass_rate({"basic": 0.1, "intermediate": 0.3, "advanced": 0.0}) == \
+        ("intermediate", "basic", "advanced")
+    assert order_by_pass_rate({s: 0.0 for s in STRATA}) == STRATA
+    with pytest.raises(CurriculumError, match="lacks strata"):
+        order_by_pass_rate({"basic": 1.0})
+
+
+def test_bad_stage_input(gsm8k_dir):
+    data = load_gsm8k("train", data_dir=gsm8k_dir)
+    with pytest.raises(CurriculumError, match="permutation"):
+        curriculum_stages(data, order=("basic", "basic", "advanced"))
+    with pytest.raises(CurriculumError, match="difficulty"):
+        curriculum_stages(data.remove_columns("difficulty"))
+    with pytest.raises(CurriculumError, match="fewer than"):
+        take(curriculum_stages(data), 3)
+
+
+# ---------------------------------------------------------------- Fisher
+class Bernoulli(torch.nn.Module):
+    """p(y = 1) = sigmoid(theta): d log p(y) / d theta = y - sigmoid(theta)."""
+
+    def __init__(self, theta: float):
+        super().__init__()
+        self.theta = torch.nn.Parameter(torch.tensor(theta))
+
+
+def bernoulli_ll(model, batch):
+    y = batch["y"].float()
+    return y * torch.nn.functional.logsigmoid(model.theta) + \
+        (1 - y) * torch.nn.functional.logsigmoid(-model.theta)
+
+
+def test_fisher_matches_hand_computed_value():
+    # sigmoid(log 3) = 0.75: the score is +0.25 for y = 1 and -0.75 for y = 0.
+    # Data y = 1, 1, 0 (two batches): F = (0.25^2 + 0.25^2 + 0.75^2) / 3 = 0.6875 / 3.
+    model = Bernoulli(math.log(3.0))
+    batches = [{"y": torch.tensor([1, 1])}, {"y": torch.tensor([0])}]
+    fisher = fisher_diagonal(model, batches, log_likelihood=bernoulli_ll, progress=False)
+    assert set(fisher) == {"theta"}
+    assert fisher["theta"].item() == pytest.approx(0.6875 / 3, rel=1e-6)
+    # it is a mean of squares per sequence, not the square of the batch gradient
+    assert fisher["theta"].item() != pytest.approx(((0.25 + 0.25 - 0.75) / 3) ** 2)
+
+
+def test_fisher_of_softmax_classifier_closed_form():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 4, bias=False)
+    x, y = torch.randn(5, 3), torch.tensor([0, 3, 1, 1, 2])
+
+    def ll(model, batch):
+        return torch.log_softmax(model(batch["x"]), -1).gather(1, batch["y"][:, None])[:, 0]
+
+    fisher = fisher_diagonal(lin, [{"x": x, "y": y}], log_likelihood=ll, progress=False)
+    with torch.no_grad():  # d log p(y|x) / dW = (onehot(y) - p) x^T
+        p = torch.softmax(lin(x), -1)
+        score = (torch.nn.functional.one_hot(y, 4) - p)[:, :, None] * x[:, None, :]
+    torch.testing.assert_close(fisher["weight"], (score ** 2).mean(0))
+    assert not lin.weight.grad  # the Fisher leaves no .grad behind
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    return LlamaForCausalLM(cfg).float()
+
+
+def test_fisher_of_tiny_llama_matches_per_sequence_forward():
+    model = tiny_llama()
+    prompt_ids = torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]])     # left pad = 0
+    prompt_mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    completion_ids = torch.tensor([[12, 13, 14], [15, 16, 0], [17, 18, 19], [20, 0, 0]])
+    completion_mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    batch = dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask,      # G = 2 per prompt
+                 completion_ids=completion_ids, completion_mask=completion_mask)
+    params = ["model.layers.0.self_attn.q_proj.weight", "lm_head.weight"]
+    fisher = fisher_diagonal(model, [batch], params=params, progress=False)
+
+    named = dict(model.named_parameters())
+    expected = {n: torch.zeros_like(named[n]) for n in params}
+    for b in range(4):  # plain forward of prompt + completion, no cache, no padding
+        p = prompt_ids[b // 2][prompt_mask[b // 2].bool()]
+        c = completion_ids[b][completion_mask[b].bool()]
+        ids = torch.cat([p, c])[None]
+        logps = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
+        ll = logps[len(p) - 1:].gather(1, c[:, None]).sum()
+        grads = torch.autograd.grad(ll, [named[n] for n in params])
+        for n, g in zip(params, grads):
+            expected[n] += g ** 2 / 4
+    for n in params:
+        torch.testing.assert_close(fisher[n], expected[n], rtol=1e-4, atol=1e-8)
+    ll = completion_log_likelihood(model, batch)
+    assert ll.shape == (4,) and bool((ll < 0).all())
+
+
+def test_fisher_bad_input():
+    model = Bernoulli(0.0)
+    with pytest.raises(CurriculumError, match="no sequences"):
+        fisher_diagonal(model, [], log_likelihood=bernoulli_ll, progress=False)
+    with pytest.raises(CurriculumError, match="no parameters named"):
+        fisher_diagonal(model, [], params=["nope"], log_likelihood=bernoulli_ll)
+    model.theta.requires_grad_(False)
+    with pytest.raises(CurriculumError, match="no trainable"):
+        fisher_diagonal(model, [], log_likelihood=bernoulli_ll)
+
+
+def test_reference_batches_score_the_gsm8k_solution(gsm8k_dir):
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = "<pad> <eos> Tom has 3 apples and buys 4 more".split()
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    rows = list(load_gsm8k("train", data_dir=gsm8k_dir))[:3]
+    batch = next(reference_batches(tokenizer, rows, batch_size=3, max_completion_length=5))
+    assert batch["prompt_ids"].shape[0] == 3 and batch["completion_ids"].shape == (3, 5)
+    assert batch["prompt_mask"][:, -1].all()          # prompts padded on the left
+    assert batch["completion_mask"][:, 0].all()       # completions padded on the right
+
+
+# ---------------------------------------------------------------- EWC
+def _setup():
+    torch.manual_seed(1)
+    theta = {"a": torch.randn(3, 2, requires_grad=True), "b": torch.randn(4, requires_grad=True)}
+    anchor = {n: t.detach() + 0.3 * torch.randn_like(t) for n, t in theta.items()}
+    fisher = {n: torch.rand_like(t) for n, t in theta.items()}
+    return theta, anchor, fisher
+
+
+def test_penalty_zero_at_anchor_and_hand_value():
+    theta, anchor, fisher = _setup()
+    at_anchor = {n: a.clone().requires_grad_(True) for n, a in anchor.items()}
+    assert ewc_penalty(at_anchor, anchor, fisher, lam=7.0).item() == 0.0
+    one = ewc_penalty({"w": torch.tensor([3.0, 1.0])}, {"w": torch.tensor([1.0, 1.0])},
+                      {"w": torch.tensor([0.5, 9.0])}, lam=2.0)
+    assert one.item() == pytest.approx(2.0 / 2 * 0.5 * 4.0)
+
+
+def test_penalty_gradient_is_lam_f_delta():
+    theta, anchor, fisher = _setup()
+    lam = 3.5
+    value = ewc_penalty(theta, anchor, fisher, lam)
+    grads = torch.autograd.grad(value, [theta["a"], theta["b"]])
+    for n, g in zip(["a", "b"], grads):
+        torch.testing.assert_close(g, lam * fisher[n] * (theta[n].detach() - anchor[n]))
+
+
+def test_penalty_bad_input():
+    theta, anchor, fisher = _setup()
+    with pytest.raises(CurriculumError, match="no parameter or anchor"):
+        ewc_penalty({"a": theta["a"]}, anchor, fisher, 1.0)
+    with pytest.raises(CurriculumError, match="shape mismatch"):
+        ewc_penalty(theta, anchor, {"a": torch.ones(2), "b": fisher["b"]}, 1.0)
+    with pytest.raises(CurriculumError, match="lam"):
+        ewc_penalty(theta, anchor, fisher, -1.0)
+
+
+def test_ewc_hook_save_load_roundtrip(tmp_path):
+    lin = torch.nn.Linear(3, 2)
+    batches = [{"x": torch.randn(4, 3), "y": torch.tensor([0, 1, 1, 0])}]
+
+    def ll(model, batch):
+        return torch.log_softmax(model(batch["x"]), -1).gather(1, batch["y"][:, None])[:, 0]
+
+    ewc = EWC(fisher_diagonal(lin, batches, log_likelihood=ll, progress=False),
+              {n: p for n, p in lin.named_parameters()}, lam=10.0)
+    assert ewc.penalty(lin).item() == 0.0
+    with torch.no_grad():
+        lin.weight += 0.1
+    value = ewc(lin)
+    value.backward()
+    torch.testing.assert_close(lin.weight.grad, 10.0 * ewc.fisher["weight"] * 0.1)
+    path = ewc.save(tmp_path / "checkpoint-3")
+    assert path.name == "ewc.safetensors"
+    again = EWC.load(tmp_path / "checkpoint-3")
+    assert again.lam == 10.0 and set(again.fisher) == {"weight", "bias"}
+    torch.testing.assert_close(again(lin), value.detach())
+    with pytest.raises(CurriculumError, match="does not exist"):
+        EWC.load(tmp_path / "elsewhere")
+    summary = again.summary()
+    assert summary["parameters"] == 8 and summary["max"] >= summary["median"] >= 0
+
+
+def test_consolidate_accumulates_fisher_and_moves_anchor():
+    model = Bernoulli(math.log(3.0))
+    ewc = EWC({"theta": torch.tensor(0.2)}, {"theta": torch.tensor(0.0)}, lam=1.0)
+    ewc.consolidate(model, [{"y": torch.tensor([1, 1, 0])}], gamma=0.5,
+                    log_likelihood=bernoulli_ll, progress=False)
+    assert ewc.fisher["theta"].item() == pytest.approx(0.1 + 0.6875 / 3, rel=1e-6)
+    assert ewc.anchor["theta"].item() == pytest.approx(math.log(3.0))
+    assert ewc.penalty(model).item() == 0.0
