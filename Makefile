@@ -12,10 +12,11 @@ STAMP  := $(VENV)/.installed
 # GSM8K: $GSM8K_DIR if set, else ../shared/data/gsm8k when present, else the Hugging Face hub.
 GSM8K_DIR ?= $(abspath $(wildcard ../shared/data/gsm8k))
 export GSM8K_DIR
-SMOKE_SRC := _build/smoke/src
+SMOKE_SRC := .smoke-book
+# (not under _build/: nbmake skips any path containing "_build")
 NBMAKE_TIMEOUT ?= 1800
 
-.PHONY: help install model unit nbmake-smoke book-smoke test book bench clean
+.PHONY: help install model unit nbmake-smoke browser book-smoke test book bench clean
 
 help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
@@ -48,7 +49,17 @@ nbmake-smoke: model
 	GRPO_COURSE_PROFILE=smoke $(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --overwrite \
 	  --nbmake-timeout=$(NBMAKE_TIMEOUT) $(SMOKE_SRC)/notebooks
 
-book-smoke:
+# The built-book test drives Debian's chromium (no browser download); installed when missing.
+browser:
+	if ! command -v chromium >/dev/null 2>&1; then
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+	  else
+	    echo "note: no chromium (install it, e.g. 'sudo apt-get install chromium'); the browser test will skip"
+	  fi
+	fi
+
+book-smoke: browser
 	$(BIN)/python -c "import yaml,sys; p='$(SMOKE_SRC)/_config.yml'; c=yaml.safe_load(open(p)); c['execute']['execute_notebooks']='off'; yaml.safe_dump(c, open(p,'w'), sort_keys=False)"
 	$(BIN)/jupyter-book build $(SMOKE_SRC) --path-output _build/smoke
 	BOOK_HTML=_build/smoke/_build/html $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_book.py
@@ -63,4 +74,4 @@ bench: model
 	$(BIN)/python bench/throughput.py
 
 clean:
-	rm -rf _build
+	rm -rf _build $(SMOKE_SRC)

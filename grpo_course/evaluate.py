@@ -10,12 +10,16 @@ import argparse
 import csv
 import json
 import math
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from .data import SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k
+from .data import (SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k,
+                   normalize_number)
+
+_LAST_RESULT = re.compile(r"=\s*\$?\s*(-?[\d,]*\.?\d+)")
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -37,6 +41,36 @@ def answers_match(predicted: str | None, gold: str) -> bool:
         return math.isclose(float(predicted), float(gold), rel_tol=1e-9, abs_tol=1e-6)
     except ValueError:
         return predicted == gold
+
+
+def work_consistent(completion: str) -> bool | None:
+    """Does the final ``####`` answer equal the result of the last ``... = c`` in the work?
+
+    ``None`` when there is no final answer or the work shows no computation.
+    """
+    answer = extract_hash_answer(completion)
+    if answer is None:
+        return None
+    results = _LAST_RESULT.findall(completion.rsplit("####", 1)[0])
+    if not results:
+        return None
+    return answers_match(normalize_number(results[-1]), answer)
+
+
+def mcnemar_test(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict[str, Any]:
+    """Exact two-sided McNemar test for paired right/wrong outcomes on the same problems.
+
+    Only discordant problems count: ``b_only`` (B right, A wrong) and ``a_only``. Under
+    "no difference" each discordant problem is a fair coin, so the p-value is a binomial tail.
+    """
+    if len(a_correct) != len(b_correct):
+        raise ValueError("paired outcomes need the same problems for both models")
+    a_only = sum(1 for a, b in zip(a_correct, b_correct) if a and not b)
+    b_only = sum(1 for a, b in zip(a_correct, b_correct) if b and not a)
+    m, k = a_only + b_only, min(a_only, b_only)
+    tail = sum(math.comb(m, i) for i in range(k + 1)) / 2 ** m if m else 1.0
+    return {"n": len(a_correct), "a_only": a_only, "b_only": b_only,
+            "p_value": min(1.0, 2 * tail)}
 
 
 @dataclass
@@ -68,7 +102,7 @@ class EvalResult:
 
     def by_stratum(self) -> dict[str, dict[str, Any]]:
         """Accuracy and format rate per difficulty stratum, with n and intervals."""
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
         for stratum in STRATA:
             rows = [r for r in self.records if r.get("difficulty") == stratum]
             k = sum(r["correct"] for r in rows)
@@ -80,7 +114,10 @@ class EvalResult:
 
     def summary(self) -> dict[str, Any]:
         lengths = [r["completion_tokens"] for r in self.records]
+        judged = [r["consistent"] for r in self.records if r.get("consistent") is not None]
         return {"model": self.model, "n": self.n, "accuracy": self.accuracy,
+                "answer_work_consistency": sum(judged) / len(judged) if judged else None,
+                "n_consistency_judged": len(judged),
                 "accuracy_ci95": list(self.accuracy_ci95), "format_rate": self.format_rate,
                 "format_ci95": list(self.format_ci95),
                 "mean_completion_tokens": sum(lengths) / len(lengths) if lengths else 0.0,
@@ -119,6 +156,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
                           "num_steps": row.get("num_steps"), "gold": row["answer"],
                           "predicted": predicted, "formatted": predicted is not None,
                           "correct": answers_match(predicted, row["answer"]),
+                          "consistent": work_consistent(text),
                           "completion_tokens": int(lengths[j]), "completion": text}
         bar.update(len(chunk))
     bar.close()
@@ -139,6 +177,15 @@ def evaluate(model_name: str, split: str = "test", n: int = 200, offset: int = 0
     model, tokenizer = load_model(model_name)
     return evaluate_model(model, tokenizer, dataset, batch_size=batch_size,
                           max_new_tokens=max_new_tokens, progress=progress, name=model_name)
+
+
+def compare(a: EvalResult, b: EvalResult) -> dict[str, Any]:
+    """Paired comparison of two evaluations of the same problems (B minus A)."""
+    if [r["idx"] for r in a.records] != [r["idx"] for r in b.records]:
+        raise ValueError("the two evaluations are not on the same problems")
+    test = mcnemar_test([r["correct"] for r in a.records], [r["correct"] for r in b.records])
+    return {"accuracy_a": a.accuracy, "accuracy_b": b.accuracy,
+            "difference": b.accuracy - a.accuracy, "mcnemar": test}
 
 
 def write_csv(result: EvalResult, path: str) -> None:
@@ -162,25 +209,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--csv", default=None, help="write per-problem records here")
+    parser.add_argument("--compare", default=None, metavar="OTHER",
+                        help="also evaluate OTHER on the same problems and test the difference "
+                             "(paired, exact McNemar)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.n <= 0 or args.offset < 0:
         parser.error("--n must be > 0 and --offset >= 0")
+    names = [args.model] + ([args.compare] if args.compare else [])
+    results = []
     try:
-        result = evaluate(args.model, args.split, args.n, args.offset, args.data_dir,
-                          args.batch_size, args.max_new_tokens, progress=not args.json)
+        for name in names:
+            results.append(evaluate(name, args.split, args.n, args.offset, args.data_dir,
+                                    args.batch_size, args.max_new_tokens, progress=not args.json))
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.csv:
-        write_csv(result, args.csv)
-    summary = result.summary()
+        write_csv(results[0], args.csv)
+    summary = results[0].summary()
+    if args.compare:
+        summary["compare"] = {"other": results[1].summary(), **compare(results[0], results[1])}
     if args.json:
         print(json.dumps(summary))
-    else:
+        return 0
+    for result in results:
         lo, hi = result.accuracy_ci95
-        print(f"{args.model}: accuracy {result.accuracy:.1%} (95% CI {lo:.1%}-{hi:.1%}), "
+        print(f"{result.model}: accuracy {result.accuracy:.1%} (95% CI {lo:.1%}-{hi:.1%}), "
               f"format {result.format_rate:.1%}, n={result.n}, {result.seconds:.0f} s")
+    if args.compare:
+        test = summary["compare"]["mcnemar"]
+        print(f"{args.compare} - {args.model}: {summary['compare']['difference']:+.1%} "
+              f"(McNemar exact p = {test['p_value']:.3g}; {test['b_only']} vs {test['a_only']} "
+              f"discordant problems)")
     return 0
 
 

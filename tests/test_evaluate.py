@@ -1,3 +1,4 @@
+import csv
 import json
 import subprocess
 import sys
@@ -47,13 +48,54 @@ def test_cli_json_on_a_few_problems(gsm8k_dir, tmp_path):
     csv_path = tmp_path / "records.csv"
     out = subprocess.run([sys.executable, "-m", "grpo_course.evaluate", "--data-dir", str(gsm8k_dir),
                           "--n", "3", "--offset", "1", "--max-new-tokens", "24", "--json",
-                          "--csv", str(csv_path)],
+                          "--csv", str(csv_path), "--compare", "smollm2-135m-instruct"],
                          capture_output=True, text=True, timeout=600, check=True)
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["n"] == 3
     assert 0.0 <= summary["accuracy"] <= 1.0 and 0.0 <= summary["format_rate"] <= 1.0
     lo, hi = summary["accuracy_ci95"]
     assert 0.0 <= lo <= summary["accuracy"] <= hi <= 1.0
-    lines = csv_path.read_text().splitlines()
-    assert len(lines) == 4 and lines[0].startswith("idx,")
-    assert [line.split(",")[0] for line in lines[1:]] == ["1", "2", "3"]   # --offset respected
+    with open(csv_path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["idx"] for r in rows] == ["1", "2", "3"]   # --offset respected
+    assert {"gold", "predicted", "correct", "formatted", "consistent", "completion"} <= set(rows[0])
+    # the same model compared with itself: identical greedy answers, no discordant problem
+    assert summary["compare"]["difference"] == 0.0
+    assert summary["compare"]["mcnemar"]["p_value"] == 1.0
+
+
+@pytest.mark.parametrize("completion, expected", [
+    ("3 + 4 = 7\n7 * 2 = 14\n#### 14", True),
+    ("3 + 4 = 7\n7 * 2 = 14\n#### 15", False),
+    ("He pays $5 + $3 = $8.\n#### 8", True),
+    ("no computation here\n#### 3", None),
+    ("2 + 2 = 4 but no final line", None),
+])
+def test_work_consistency(completion, expected):
+    from grpo_course.evaluate import work_consistent
+    assert work_consistent(completion) is expected
+
+
+def test_mcnemar_exact():
+    from grpo_course.evaluate import mcnemar_test
+    # 10 problems, B right on 6 where A wrong, A right on 0 where B wrong: p = 2 * 0.5**6
+    a = [False] * 6 + [True] * 2 + [False] * 2
+    b = [True] * 6 + [True] * 2 + [False] * 2
+    out = mcnemar_test(a, b)
+    assert out["b_only"] == 6 and out["a_only"] == 0
+    assert out["p_value"] == pytest.approx(2 * 0.5 ** 6)
+    assert mcnemar_test(a, a)["p_value"] == 1.0
+    with pytest.raises(ValueError):
+        mcnemar_test([True], [True, False])
+
+
+def test_compare_requires_same_problems():
+    from grpo_course.evaluate import compare
+    rec = lambda i, ok: {"idx": i, "correct": ok, "formatted": ok, "completion_tokens": 1}
+    a = EvalResult(n=2, correct=1, formatted=1, records=[rec(0, True), rec(1, False)])
+    b = EvalResult(n=2, correct=2, formatted=2, records=[rec(0, True), rec(1, True)])
+    out = compare(a, b)
+    assert out["difference"] == pytest.approx(0.5) and out["mcnemar"]["b_only"] == 1
+    c = EvalResult(n=1, correct=1, formatted=1, records=[rec(5, True)])
+    with pytest.raises(ValueError, match="same problems"):
+        compare(a, c)

