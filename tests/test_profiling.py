@@ -1,0 +1,230 @@
+"""Chapter 7: phase timer, RSS sampler, profiler table, machine limits, thread demos.
+
+The step profiled here is a small stand-in GRPO step made of the real pieces:
+``sampling.sample_completions``, a forward/backward on the completion tokens and an
+optimizer step, on a tiny random Llama with the bundled tokenizer.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import nullcontext
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from grpo_course import profiling as prof
+from grpo_course.sampling import sample_completions
+
+PROMPTS = ["What is 2 + 3?", "Tom has 4 apples and eats one. How many are left?"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from grpo_course.models import bundled_model_dir
+
+    tok = AutoTokenizer.from_pretrained(bundled_model_dir())
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def tiny_llama(tokenizer, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, eos_token_id=tokenizer.eos_token_id,
+                      pad_token_id=tokenizer.pad_token_id)
+    return LlamaForCausalLM(cfg)
+
+
+class NullTimer:
+    def phase(self, name):
+        return nullcontext()
+
+
+def stand_in_step(model, tokenizer, optimizer, timer, G: int = 2, T: int = 6, seed: int = 0):
+    """Sample, score, forward+backward on completion tokens, optimizer step."""
+    with timer.phase("sampling"):
+        batch = sample_completions(model, tokenizer, PROMPTS, num_generations=G,
+                                   max_new_tokens=T, seed=seed)
+    with timer.phase("rewards"):
+        rewards = torch.tensor([float(len(c) % 3) for c in batch.completions])
+        grouped = rewards.view(-1, G)
+        advantages = (grouped - grouped.mean(1, keepdim=True)).view(-1)
+    model.train()
+    with timer.phase("forward_backward"):
+        # the sampler runs in inference mode: clone its tensors before autograd sees them
+        completion_ids, m = batch.completion_ids.clone(), batch.completion_mask.clone().float()
+        prompt_ids = batch.prompt_ids.clone().repeat_interleave(G, 0)
+        prompt_mask = batch.prompt_mask.clone().repeat_interleave(G, 0)
+        ids = torch.cat([prompt_ids, completion_ids], 1)
+        mask = torch.cat([prompt_mask, m.long()], 1)
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, prompt_ids.shape[1] - 1:-1]
+        logps = -F.cross_entropy(logits.transpose(1, 2), completion_ids, reduction="none")
+        loss = -((advantages[:, None] * logps * m).sum(1) / m.sum(1).clamp(min=1)).mean()
+        loss.backward()
+    with timer.phase("optimizer"):
+        optimizer.step()
+        optimizer.zero_grad()
+    return float(loss)
+
+
+# ---------------------------------------------------------------- phase timer
+def test_phases_sum_to_step_time(tokenizer):
+    model = tiny_llama(tokenizer)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    timer = prof.PhaseTimer()
+    for _ in range(3):
+        with timer.step():
+            stand_in_step(model, tokenizer, opt, timer)
+    assert len(timer.records) == 3
+    for rec in timer.records:
+        assert set(rec.phases) == {"sampling", "rewards", "forward_backward", "optimizer"}
+        assert all(s > 0 for s in rec.phases.values())
+        covered = sum(rec.phases.values())
+        assert covered <= rec.wall
+        assert rec.other < 0.05 * rec.wall + 0.005, (rec.wall, rec.phases)
+    frame = timer.to_frame()
+    assert list(frame.index) == [0, 1, 2]
+    assert frame["wall"].sum() == pytest.approx(sum(r.wall for r in timer.records))
+    summary = timer.summary()
+    assert summary.loc["wall", "share"] == pytest.approx(1.0)
+    assert summary["share"].drop(["wall"]).sum() == pytest.approx(1.0)
+    assert timer.totals["sampling"] == pytest.approx(frame["sampling"].sum())
+    assert timer.counts["optimizer"] == 3
+
+
+def test_timer_does_not_change_training(tokenizer):
+    results = []
+    for timer in (NullTimer(), prof.PhaseTimer()):
+        model = tiny_llama(tokenizer, seed=1)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = [stand_in_step(model, tokenizer, opt, timer, seed=s) for s in range(2)]
+        results.append((losses, [p.detach().clone() for p in model.parameters()]))
+    (l0, p0), (l1, p1) = results
+    assert l0 == l1
+    assert all(torch.equal(a, b) for a, b in zip(p0, p1))
+
+
+def test_timer_standalone_nested_and_errors():
+    timer = prof.PhaseTimer()
+    with timer.phase("x"):
+        assert timer.current == "x"
+        with timer.phase("y"):
+            assert timer.current == "x/y"
+            time.sleep(0.01)
+    assert timer.current is None
+    assert timer.totals["x"] >= timer.totals["x/y"] >= 0.01
+    assert timer.records == []
+    with timer.step():
+        with timer.phase("a"):
+            with timer.phase("b"):
+                time.sleep(0.005)
+    rec = timer.records[0]
+    assert set(rec.phases) == {"a"}          # nested time is not counted twice
+    assert rec.other >= 0
+    with pytest.raises(ValueError, match="non-empty name"):
+        with timer.phase(""):
+            pass
+    with pytest.raises(RuntimeError, match="do not nest"):
+        with timer.step():
+            with timer.step():
+                pass
+    with pytest.raises(ValueError, match="no steps"):
+        prof.PhaseTimer().summary()
+
+
+def test_timer_records_phase_when_body_raises():
+    timer = prof.PhaseTimer()
+    with pytest.raises(KeyError):
+        with timer.step():
+            with timer.phase("rewards"):
+                raise KeyError("boom")
+    assert "rewards" in timer.records[0].phases and timer.current is None
+
+
+# ---------------------------------------------------------------- RSS sampler
+def test_rss_sampler_starts_and_stops_cleanly():
+    before = threading.active_count()
+    timer = prof.PhaseTimer()
+    with prof.RSSSampler(interval=0.005, timer=timer) as sampler:
+        assert threading.active_count() == before + 1
+        with timer.phase("alloc"):
+            block = torch.ones(64 * 2**20 // 4)    # 64 MiB, touched
+            time.sleep(0.05)
+        del block
+        time.sleep(0.02)
+    assert threading.active_count() == before
+    assert sampler.peak >= sampler.start_rss
+    table = sampler.peak_by_phase()
+    assert "alloc" in table.index and table.loc["alloc", "samples"] >= 2
+    assert table.loc["alloc", "peak_mib"] * 2**20 >= sampler.start_rss
+    frame = sampler.to_frame()
+    assert frame["t"].is_monotonic_increasing and len(frame) >= 5
+    sampler.stop()                                 # a second stop is harmless
+    with pytest.raises(ValueError, match="interval"):
+        prof.RSSSampler(interval=0)
+
+
+def test_rss_sampler_stops_on_exception():
+    before = threading.active_count()
+    with pytest.raises(ZeroDivisionError):
+        with prof.RSSSampler(interval=0.005):
+            1 / 0
+    assert threading.active_count() == before
+
+
+def test_cpu_utilization_is_a_fraction_of_the_cores():
+    a = torch.randn(256, 256)
+    out = prof.cpu_utilization(lambda: [a @ a for _ in range(50)], cores=2)
+    assert out["wall"] > 0 and out["cpu"] >= 0
+    assert 0 <= out["utilization"] <= 1.2  # allow timer granularity
+
+
+# ---------------------------------------------------------------- torch.profiler
+def test_top_ops_on_tiny_llama(tokenizer, tmp_path):
+    model = tiny_llama(tokenizer).eval()
+    ids = torch.randint(0, 100, (2, 12))
+    trace = tmp_path / "trace.json"
+    with torch.no_grad():
+        table = prof.top_ops(lambda: model(input_ids=ids), row_limit=5, trace_path=trace)
+    assert 0 < len(table) <= 5
+    assert list(table.columns) == ["op", "self_ms", "total_ms", "calls", "self_share"]
+    assert table["self_ms"].is_monotonic_decreasing and (table["calls"] > 0).all()
+    assert any("mm" in op or "linear" in op for op in table["op"])
+    assert trace.stat().st_size > 0
+
+
+# ---------------------------------------------------------------- limits, roofline
+def test_machine_limits_and_roofline():
+    limits = prof.Limits(gflops=prof.matmul_gflops(256, repeats=2),
+                         bandwidth=prof.copy_bandwidth(16, repeats=2))
+    assert limits.gflops > 0.1 and limits.bandwidth > 0.1 and limits.ridge > 0
+    dec = prof.decode_point(n_params=1000, tokens=32, decode_steps=4, seconds=1.0)
+    assert dec.intensity == pytest.approx(2 * 1000 * 32 / (4 * 1000 * 4))
+    train = prof.training_point(n_params=1000, tokens=64, seconds=2.0)
+    assert train.gflops == pytest.approx(6 * 1000 * 64 / 2.0 / 1e9)
+    assert train.bound(limits) <= limits.gflops
+    import matplotlib
+    matplotlib.use("Agg")
+    ax = prof.plot_roofline(limits, [dec, train])
+    assert len(ax.lines) >= 3
+
+
+# ---------------------------------------------------------------- threads
+@pytest.mark.slow
+def test_run_with_threads_and_omp_order():
+    out = prof.run_with_threads("import json; print(json.dumps({'n': torch.get_num_threads()}))", 1)
+    assert out == {"n": 1}
+    demo = prof.omp_order_demo(threads=1)
+    by = demo.set_index("OMP_NUM_THREADS set")["torch_threads"]
+    assert by["before import torch"] == 1
+    with pytest.raises(RuntimeError, match="subprocess failed"):
+        prof.run_with_threads("raise SystemExit(3)", 1)
