@@ -111,6 +111,16 @@ class Profile:
     # chapter 2
     reward_prompts: int = 8          # prompts sampled for the reward distributions (G = grpo.num_generations)
     reward_max_new_tokens: int = 200  # completion budget of those samples
+    # chapter 7 (profiling); the profiled step itself uses ``grpo``
+    prof_steps: int = 2                               # timed trainer steps (after one warm-up)
+    prof_threads: tuple[int, ...] = (1, 2, 3, 4)      # thread counts for the scaling runs
+    prof_scaling_length: int = 32                     # completion budget of the scaling step
+    prof_matmul_n: int = 2048                         # square matmul for peak GFLOP/s
+    prof_copy_mib: int = 256                          # tensor copied for the bandwidth
+    prof_lever_length: int = 32                       # completion budget of the lever steps
+    prof_lever_generations: tuple[int, ...] = (2, 4, 8)
+    prof_lever_lengths: tuple[int, ...] = (32, 64, 128)
+    prof_nocache_tokens: int = 32                     # budget of the KV-cache lever
     # chapters 4-7 read their own entries from ``extra``
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -125,6 +135,9 @@ PROFILES: dict[str, Profile] = {
         grpo=GRPOConfig(max_steps=2, per_step_completions=8, num_generations=4,
                         max_completion_length=32, sft_steps=2, sft_batch_size=4),
         n_inspect=200, n_demo=1, reward_prompts=2, reward_max_new_tokens=48,
+        prof_steps=1, prof_threads=(1, 2), prof_scaling_length=8, prof_matmul_n=1024,
+        prof_copy_mib=64, prof_lever_length=8, prof_lever_generations=(2, 4),
+        prof_lever_lengths=(8, 16), prof_nocache_tokens=8,
         extra={},
     ),
     "full": Profile(
