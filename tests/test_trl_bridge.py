@@ -1,0 +1,250 @@
+"""Chapter 4: the TRL bridge, and the cross-check of our loss against TRL's trainer.
+
+The cross-check feeds one fixed batch (log-probs, old and reference log-probs,
+advantages from fixed rewards, a ragged completion mask) through
+``trl.GRPOTrainer._compute_loss`` — TRL's own code, on a real trainer built around a
+tiny random Llama — with only the model forward (``_get_per_token_logps_and_entropies``)
+replaced by the fixed log-probs. ``grpo_course.grpo.grpo_loss`` must give the same
+loss, the same gradient and the same clip ratios.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_course.config import ConfigError, GRPOConfig
+from grpo_course.grpo import group_advantages, grpo_loss
+from grpo_course import trl_bridge
+
+G, PROMPTS, T, MAX_LEN = 4, 2, 6, 8     # 8 completions of <= 6 tokens, max_completion_length 8
+
+
+# ---------------------------------------------------------------- a tiny offline trainer
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A randomly initialised 1-layer Llama and a word-level tokenizer, saved locally."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    trl_bridge.quiet_trl()
+    vocab = {"<pad>": 0, "<eos>": 1, **{f"t{i}": i + 2 for i in range(30)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(vocab), hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder, tok
+
+
+def constant_reward(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def make_trainer(folder, tok, tmp_path, trl_overrides=None, **course):
+    """A real GRPOTrainer whose arguments come from the course config (through the bridge)."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    cfg = GRPOConfig(num_generations=G, per_step_completions=G * PROMPTS,
+                     max_completion_length=MAX_LEN, max_steps=1,
+                     reward_weights={"exact_format": 1.0}, use_lora=False, **course)
+    args = trl_bridge.grpo_config_from_course(cfg, tmp_path / "out", **(trl_overrides or {}))
+    trainer = GRPOTrainer(model=str(folder), reward_funcs=constant_reward, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": ["t1 t2", "t3 t4"]}),
+                          processing_class=tok)
+    trainer.model.train()                       # _compute_loss reads the mode
+    trainer.current_gradient_accumulation_steps = 1   # what train() sets for this config
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """One fixed batch; ratios spread on both sides of every clipping bound."""
+    gen = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([6, 3, 5, 1, 6, 2, 4, 6])
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    old = -torch.rand(G * PROMPTS, T, generator=gen) * 3 - 0.1
+    logps = old + torch.randn(G * PROMPTS, T, generator=gen) * 0.4
+    ref = old + torch.randn(G * PROMPTS, T, generator=gen) * 0.3
+    rewards = torch.tensor([3.0, -1.0, 0.5, 1.5, 0.0, 2.0, 2.0, -0.5])
+    return {"logps": logps, "old": old, "ref": ref, "mask": mask, "rewards": rewards}
+
+
+def trl_loss(trainer, b, advantages, num_items_in_batch):
+    """TRL's loss, gradient w.r.t. the log-probs, and logged metrics for the fixed batch."""
+    logps = b["logps"].clone().requires_grad_(True)
+    B = logps.shape[0]
+
+    def fixed_logps(model, input_ids, attention_mask, logits_to_keep, **kwargs):
+        assert logits_to_keep == T and input_ids.shape[0] == B
+        return logps, torch.zeros_like(logps), None
+
+    trainer._get_per_token_logps_and_entropies = fixed_logps
+    inputs = {"prompt_ids": torch.ones(B, 2, dtype=torch.long),
+              "prompt_mask": torch.ones(B, 2, dtype=torch.long),
+              "completion_ids": torch.full((B, T), 2, dtype=torch.long),
+              "completion_mask": b["mask"], "advantages": advantages,
+              "old_per_token_logps": b["old"], "ref_per_token_logps": b["ref"],
+              "num_items_in_batch": torch.as_tensor(float(num_items_in_batch))}
+    trainer._metrics["train"].clear()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    return loss.detach(), logps.grad, metrics
+
+
+def ours_loss(b, advantages, num_items_in_batch, **kw):
+    logps = b["logps"].clone().requires_grad_(True)
+    loss, metrics = grpo_loss(logps, b["old"], advantages, b["mask"],
+                              ref_per_token_logps=b["ref"], max_completion_length=MAX_LEN,
+                              num_items_in_batch=num_items_in_batch, **kw)
+    loss.backward()
+    return loss.detach(), logps.grad, metrics
+
+
+CASES = [(lt, beta, eps_hi) for lt in ("grpo", "bnpo", "dr_grpo", "dapo")
+         for beta in (0.0, 0.04) for eps_hi in (None, 0.28)]
+
+
+@pytest.mark.parametrize("loss_type,beta,epsilon_high", CASES,
+                         ids=[f"{lt}-beta{b}-epshi{e}" for lt, b, e in CASES])
+def test_grpo_loss_matches_trl_trainer(tiny_model_dir, tmp_path, batch, loss_type, beta,
+                                       epsilon_high):
+    folder, tok = tiny_model_dir
+    trainer = make_trainer(folder, tok, tmp_path, loss_type=loss_type, beta=beta,
+                           epsilon_low=0.2, epsilon_high=epsilon_high)
+    assert (trainer.epsilon_low, trainer.epsilon_high) == (0.2, epsilon_high or 0.2)
+    assert trainer.beta == beta and trainer.loss_type == loss_type
+    advantages = group_advantages(batch["rewards"], G, scale="group")
+    # dapo divides by the real tokens of the whole generation batch; pretend it held
+    # a second batch of 7 more tokens so the normalizer differs from bnpo's
+    items = float(batch["mask"].sum()) + (7 if loss_type == "dapo" else 0)
+    ref_loss, ref_grad, ref_metrics = trl_loss(trainer, batch, advantages, items)
+    loss, grad, metrics = ours_loss(batch, advantages, items, loss_type=loss_type, beta=beta,
+                                    epsilon_low=0.2, epsilon_high=epsilon_high)
+    assert torch.isfinite(ref_loss) and ref_loss.abs() > 1e-4   # a non-trivial batch
+    assert abs(float(loss) - float(ref_loss)) < 1e-5, (float(loss), float(ref_loss))
+    torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-4)
+    for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
+        assert metrics[key] == pytest.approx(ref_metrics[key], abs=1e-6), key
+    if beta:
+        assert metrics["kl"] == pytest.approx(ref_metrics["kl"], abs=1e-5)
+
+
+def test_trl_default_ratio_weighted_kl_is_a_different_objective(tiny_model_dir, tmp_path, batch):
+    """TRL's default ``use_bias_correction_kl=True`` multiplies the k3 KL by the ratio.
+    On-policy (logps == old) the loss values agree but the gradients do not, which is
+    why the bridge turns it off to train the course's objective."""
+    folder, tok = tiny_model_dir
+    trainer = make_trainer(folder, tok, tmp_path, beta=0.04,
+                           trl_overrides={"use_bias_correction_kl": True})
+    on_policy = dict(batch, logps=batch["old"].clone())
+    adv = group_advantages(batch["rewards"], G)
+    items = float(batch["mask"].sum())
+    ref_loss, ref_grad, _ = trl_loss(trainer, on_policy, adv, items)
+    loss, grad, _ = ours_loss(on_policy, adv, items, beta=0.04)
+    assert abs(float(loss) - float(ref_loss)) < 1e-5
+    assert (grad - ref_grad).abs().max() > 1e-4
+
+
+def test_the_fixed_batch_exercises_both_clip_bounds(batch):
+    """Guard: the cross-check would be weak if no token were clipped."""
+    adv = group_advantages(batch["rewards"], G)
+    _, m = grpo_loss(batch["logps"], batch["old"], adv, batch["mask"],
+                     epsilon_low=0.2, epsilon_high=0.28)
+    assert m["clip_ratio/low_mean"] > 0 and m["clip_ratio/high_mean"] > 0
+
+
+# ---------------------------------------------------------------- the bridge
+def test_grpo_config_maps_the_course_fields(tmp_path):
+    cfg = GRPOConfig(num_generations=4, per_step_completions=8, max_completion_length=64,
+                     beta=0.04, epsilon_low=0.2, epsilon_high=0.28, loss_type="dr_grpo",
+                     scale_rewards="none", learning_rate=1e-4, max_steps=3, seed=7)
+    args = trl_bridge.grpo_config_from_course(cfg, tmp_path)
+    assert args.use_cpu and not args.bf16 and not args.fp16
+    assert args.report_to == [] or args.report_to == "none" or args.report_to == ["none"]
+    assert (args.num_generations, args.per_device_train_batch_size) == (4, 8)
+    assert args.generation_batch_size == 8 and args.steps_per_generation == 1
+    assert (args.max_completion_length, args.beta, args.epsilon, args.epsilon_high) == \
+        (64, 0.04, 0.2, 0.28)
+    assert (args.loss_type, args.scale_rewards) == ("dr_grpo", "none")
+    assert (args.learning_rate, args.max_steps, args.seed, args.logging_steps) == (1e-4, 3, 7, 1)
+    assert args.reward_weights == [1.0, 0.5, 0.5]
+    rows = trl_bridge.mapping_rows(cfg, args)
+    assert all(r["trl_value"] is not None for r in rows if r["course"] != "epsilon_high")
+    assert {r["course"]: r["trl_value"] for r in rows}["per_step_completions"] == 8
+
+
+def test_symmetric_clip_when_epsilon_high_is_none(tmp_path):
+    args = trl_bridge.grpo_config_from_course(GRPOConfig(epsilon_high=None), tmp_path)
+    assert args.epsilon_high == args.epsilon == 0.2
+
+
+def test_overrides_and_unknown_fields(tmp_path):
+    args = trl_bridge.grpo_config_from_course(GRPOConfig(), tmp_path, temperature=0.7)
+    assert args.temperature == 0.7
+    with pytest.raises(ConfigError, match="no field"):
+        trl_bridge.grpo_config_from_course(GRPOConfig(), tmp_path, num_generation=4)
+
+
+def test_trl_batch_rules_raise_readable_errors(tmp_path):
+    with pytest.raises(ValueError, match="divisible by num_generations"):
+        trl_bridge.grpo_config_from_course(GRPOConfig(), tmp_path, per_device_train_batch_size=6)
+    with pytest.raises(ValueError, match="at least 2 generations"):
+        trl_bridge.grpo_config_from_course(GRPOConfig(), tmp_path, num_generations=1)
+
+
+def test_lora_config_from_course():
+    cfg = GRPOConfig(lora_r=8, lora_alpha=16, lora_dropout=0.05)
+    lora = trl_bridge.lora_config_from_course(cfg)
+    assert (lora.r, lora.lora_alpha, lora.lora_dropout) == (8, 16, 0.05)
+    assert set(lora.target_modules) == set(cfg.lora_target_modules)
+    with pytest.raises(ConfigError, match="use_lora"):
+        trl_bridge.lora_config_from_course(GRPOConfig(use_lora=False))
+
+
+def test_reward_funcs_and_weights():
+    from grpo_course.rewards import REWARD_FUNCTIONS
+
+    funcs, weights = trl_bridge.reward_funcs_from_course(
+        GRPOConfig(reward_weights={"correctness": 2.0, "heuristic": 0.25}))
+    assert funcs == [REWARD_FUNCTIONS["correctness"], REWARD_FUNCTIONS["heuristic"]]
+    assert weights == [2.0, 0.25]
+    with pytest.raises(ValueError, match="unknown reward"):
+        trl_bridge.reward_funcs_from_course(GRPOConfig(reward_weights={"nope": 1.0}))
+    with pytest.raises(ConfigError, match="empty"):
+        trl_bridge.reward_funcs_from_course(GRPOConfig(reward_weights={}))
+
+
+def test_trl_dataset_is_conversational(gsm8k_dir):
+    ds = trl_bridge.trl_dataset("train", n=3, data_dir=str(gsm8k_dir))
+    assert len(ds) == 3 and set(ds.column_names) == {"prompt", "answer", "difficulty", "idx"}
+    prompt = ds[0]["prompt"]
+    assert [m["role"] for m in prompt] == ["system", "user"]
+    assert "3 apples" in prompt[1]["content"] and ds[0]["answer"] == "7"
+    funcs, _ = trl_bridge.reward_funcs_from_course(GRPOConfig(reward_weights={"correctness": 1}))
+    completion = [{"role": "assistant", "content": "3 + 4 = 7\n#### 7"}]
+    assert funcs[0]([completion], answer=[ds[0]["answer"]]) == [3.0]
+
+
+@pytest.mark.slow
+def test_train_with_trl_one_step_on_the_bundled_model(gsm8k_dir, tmp_path):
+    cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=8,
+                     max_steps=1, lora_r=4, lora_alpha=8)
+    ds = trl_bridge.trl_dataset("train", n=2, data_dir=str(gsm8k_dir))
+    run = trl_bridge.train_with_trl(cfg, tmp_path / "run", train_dataset=ds)
+    assert run.trainer.state.global_step == 1 and len(run.steps) == 1
+    step = run.steps[0]
+    for key in ("reward", "reward_std", "frac_reward_zero_std", "entropy",
+                "clip_ratio/region_mean", "completions/clipped_ratio",
+                "rewards/correctness/mean", "step_time"):
+        assert key in step, key
+    assert run.throughput()["tokens_per_s"] > 0
+    merged = trl_bridge.save_and_merge(run, tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert not hasattr(merged, "peft_config")
