@@ -277,6 +277,21 @@ for _name, _fn in REWARD_FUNCTIONS.items():  # TRL logs rewards/<__name__>
     assert _fn.__name__ == _name
 
 
+def reward_for(name: str, fmt: AnswerFormat = HASH_FORMAT) -> RewardFn:
+    """The registry reward ``name`` bound to ``fmt``, keeping its ``__name__`` (for TRL's logs)."""
+    fn = REWARD_FUNCTIONS[check_reward_names([name])[0]]
+    if fmt == HASH_FORMAT:
+        return fn
+
+    def bound(completions, **kwargs):
+        kwargs.pop("fmt", None)
+        return fn(completions, fmt=fmt, **kwargs)
+
+    bound.__name__ = bound.__qualname__ = name
+    bound.__doc__ = fn.__doc__
+    return bound
+
+
 def _default_weights() -> dict[str, float]:
     from grpo_course.config import GRPOConfig
     return dict(GRPOConfig().reward_weights)

@@ -144,6 +144,19 @@ def test_score_completions_weighted_sum_and_combined():
         weighted_sum({"heuristic": [1.0]}, {"correctness": 1.0})
 
 
+def test_trl_style_call_and_reward_for():
+    """TRL passes prompts, completion_ids, dataset columns and trainer_state as keywords."""
+    kwargs = dict(prompts=["q"], completion_ids=[[1, 2]], answer=["18"], trainer_state=None,
+                  question=["q"])
+    assert correctness(completions=[GOOD], **kwargs) == [3.0]
+    bound = R.reward_for("exact_format", TAG_FORMAT)
+    assert bound.__name__ == "exact_format"
+    assert bound(completions=[GOOD_TAGS], **kwargs) == [3.0]
+    assert R.reward_for("correctness") is correctness
+    with pytest.raises(ValueError, match="unknown reward"):
+        R.reward_for("nope")
+
+
 # ---------------------------------------------------------------- properties
 _FRAGMENTS = ["####", "#### ", "<reasoning>", "</reasoning>", "<answer>", "</answer>", "\n",
               " ", "=", "+", "*", "/", "-", ".", ",", "$", "%", "1,000.50", "-3", "3/4", "1e5",
