@@ -45,8 +45,11 @@ def served_book():
     import http.server
     import threading
 
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=HTML)
-    handler.log_message = lambda *a, **k: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=HTML)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -66,13 +69,13 @@ def page():
     import tempfile
 
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=exe, headless=True,
+        context = pw.chromium.launch_persistent_context(
+            tempfile.mkdtemp(prefix="chromium-"),   # a fresh --user-data-dir
+            executable_path=exe, headless=True, viewport={"width": 1280, "height": 900},
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run",
-                  f"--user-data-dir={tempfile.mkdtemp(prefix='chromium-')}"])
-        yield browser.new_page(viewport={"width": 1280, "height": 900})
-        browser.close()
+                  "--disable-component-update", "--disable-sync", "--no-first-run"])
+        yield context.new_page()
+        context.close()
 
 
 SHOTS = ROOT / "_build" / "screenshots"
