@@ -198,10 +198,15 @@ def chat_prompts(questions: Iterable[str], tokenizer,
     return [chat_prompt(q, tokenizer, system_prompt) for q in questions]
 
 
+def strip_calculations(solution: str) -> str:
+    """A GSM8K solution without its ``<<a*b=c>>`` calculator annotations."""
+    return _CALC.sub("", solution).strip()
+
+
 def sft_text(question: str, solution: str, tokenizer,
              system_prompt: str = SYSTEM_PROMPT) -> tuple[str, str]:
     """(prompt, target) for supervised warm-up: the target is the GSM8K solution
     without calculator annotations, ending with ``#### N`` and the end-of-turn token."""
-    work = _CALC.sub("", solution).strip()
+    work = strip_calculations(solution)
     end = tokenizer.eos_token or ""
     return chat_prompt(question, tokenizer, system_prompt), work + end

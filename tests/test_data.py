@@ -107,3 +107,8 @@ def test_real_gsm8k_parses(real_gsm8k_dir):
     assert len(ds) == 1319
     assert set(ds["difficulty"]) == {"basic", "intermediate", "advanced"}
     assert all(normalize_number(a) == a for a in ds["answer"])
+
+
+def test_strip_calculations():
+    from grpo_course.data import strip_calculations
+    assert strip_calculations(ROWS[0]["answer"]) == "Tom has 3 + 4 = 7 apples.\n#### 7"
