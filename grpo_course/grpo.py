@@ -1,0 +1,183 @@
+"""GRPO's mathematics, in the algorithm's order: advantages, per-token log-probs, the loss.
+
+1. :func:`group_advantages` turns the rewards of G completions per prompt into
+   advantages: reward minus the group's mean, divided by a spread.
+2. :func:`per_token_logps` scores the sampled completion tokens under the policy
+   (logits only for completion positions; each prompt is processed once and shared
+   by its G completions through the key/value cache).
+3. :func:`grpo_loss` is the clipped surrogate with the k3 KL, aggregated exactly as
+   TRL's ``GRPOTrainer`` does for ``loss_type`` grpo, bnpo, dr_grpo and dapo.
+
+The training loop that calls these lives in :mod:`grpo_course.train`.
+"""
+from __future__ import annotations
+
+import torch
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+SCALES = ("group", "batch", "none")
+
+
+# ---------------------------------------------------------------- 1. advantages
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group",
+                     eps: float = 1e-4) -> torch.Tensor:
+    """Advantages of ``rewards`` ([B], G = ``group_size`` contiguous completions per prompt).
+
+    ``A_i = (r_i - mean(group)) / (std + eps)`` where std is the group's (``"group"``),
+    the whole batch's (``"batch"``) or no division at all (``"none"``, Dr. GRPO). Stds are
+    unbiased (Bessel), as in TRL. A group whose rewards are all equal gets zero advantage.
+    """
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    if group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}")
+    grouped = rewards.view(-1, group_size)
+    centred = (grouped - grouped.mean(1, keepdim=True)).view(-1)
+    if scale == "none":
+        return centred
+    if scale == "group":
+        std = grouped.std(1, keepdim=True).expand_as(grouped).reshape(-1) if group_size > 1 \
+            else torch.zeros_like(rewards)
+    else:
+        std = rewards.std().expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+    return centred / (std + eps)
+
+
+def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[P] True where all G rewards of a prompt are equal (no learning signal)."""
+    grouped = torch.as_tensor(rewards, dtype=torch.float32).view(-1, group_size)
+    return (grouped.max(1).values - grouped.min(1).values).abs() < 1e-8
+
+
+# ---------------------------------------------------------------- 2. log-probs
+def _token_logps(logits: torch.Tensor, tokens: torch.Tensor,
+                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(token) and the entropy of each row of ``logits`` [N, V]."""
+    logps = torch.log_softmax(logits.float() / temperature, dim=-1)
+    picked = logps.gather(-1, tokens[:, None]).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logps.exp() * logps).sum(-1)
+    return picked, entropy
+
+
+def per_token_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                    completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                    temperature: float = 1.0, return_entropy: bool = False):
+    """Log-probs ``[B, T]`` of ``completion_ids`` under ``model`` (differentiable).
+
+    ``prompt_ids`` is either ``[B, Lp]`` (one row per completion) or ``[P, Lp]`` with
+    ``B = P * G``: then each prompt runs through the model once and its key/value cache
+    is shared by its G completions (gradients still flow through the prompt positions).
+    Logits are computed only for the positions that predict completion tokens.
+    With ``return_entropy`` also returns the per-token entropy ``[B, T]`` (no grad).
+    """
+    B, T = completion_ids.shape
+    P = prompt_ids.shape[0]
+    if B % P:
+        raise ValueError(f"{B} completions do not split over {P} prompts")
+    G = B // P
+    prompt_mask = prompt_mask.to(completion_mask.dtype)
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    # the prompt once; its last logits predict the first completion token
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
+                use_cache=True, logits_to_keep=1)
+    first_logits = out.logits[:, -1].repeat_interleave(G, 0)          # [B, V]
+    cache = out.past_key_values
+    if G > 1:
+        cache.batch_repeat_interleave(G)
+    mask = torch.cat([prompt_mask.repeat_interleave(G, 0), completion_mask], 1)
+    # completions: tokens 0..T-2 predict 1..T-1 (the last token predicts nothing we need)
+    comp_pos = positions[:, -1:].repeat_interleave(G, 0) + 1 + torch.arange(T - 1)
+    if T > 1:
+        out = model(input_ids=completion_ids[:, :-1], attention_mask=mask[:, :-1],
+                    position_ids=comp_pos, past_key_values=cache, use_cache=True)
+        logits = torch.cat([first_logits[:, None], out.logits], 1)       # [B, T, V]
+    else:
+        logits = first_logits[:, None]
+    logps, entropy = _token_logps(logits.reshape(B * T, -1), completion_ids.reshape(-1),
+                                  temperature)
+    logps = logps.view(B, T)
+    return (logps, entropy.view(B, T)) if return_entropy else logps
+
+
+# ---------------------------------------------------------------- 3. the loss
+def kl_k3(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(policy || ref) per token: e^(r-p) - (r-p) - 1 >= 0."""
+    d = ref_per_token_logps - per_token_logps
+    return torch.exp(d) - d - 1
+
+
+def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor,
+              advantages: torch.Tensor, completion_mask: torch.Tensor, *,
+              ref_per_token_logps: torch.Tensor | None = None, beta: float = 0.0,
+              epsilon_low: float = 0.2, epsilon_high: float | None = None,
+              loss_type: str = "grpo", max_completion_length: int | None = None,
+              num_items_in_batch: float | None = None) -> tuple[torch.Tensor, dict]:
+    """The clipped GRPO surrogate (+ beta * k3 KL), aggregated as TRL 1.16 does.
+
+    Per token: ``-min(rho * A, clip(rho, 1-eps_low, 1+eps_high) * A) + beta * KL`` with
+    ``rho = exp(logp - old_logp)``. Aggregations over the real tokens (``mask``):
+
+    * ``grpo``: mean over each sequence's tokens, then mean over sequences;
+    * ``bnpo``: sum over all tokens / number of real tokens in the batch;
+    * ``dr_grpo``: sum / (B * max_completion_length) — a constant, no length bias;
+    * ``dapo``: sum / ``num_items_in_batch`` (real tokens in the whole generation batch;
+      defaults to this batch's, which makes it equal to ``bnpo`` for one batch).
+    """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    if per_token_logps.shape != old_per_token_logps.shape or \
+            per_token_logps.shape != completion_mask.shape:
+        raise ValueError("per_token_logps, old_per_token_logps and completion_mask must share "
+                         f"one shape [B, T]; got {tuple(per_token_logps.shape)}, "
+                         f"{tuple(old_per_token_logps.shape)}, {tuple(completion_mask.shape)}")
+    if beta != 0.0 and ref_per_token_logps is None:
+        raise ValueError("beta > 0 needs ref_per_token_logps")
+    epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
+    mask = completion_mask.to(per_token_logps.dtype)
+    adv = advantages[:, None] if advantages.dim() == 1 else advantages
+
+    ratio = torch.exp(per_token_logps - old_per_token_logps)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    per_token_loss = -torch.min(ratio * adv, clipped * adv)
+    kl = None
+    if beta != 0.0:
+        kl = kl_k3(per_token_logps, ref_per_token_logps)
+        per_token_loss = per_token_loss + beta * kl
+
+    if loss_type == "grpo":
+        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif loss_type == "bnpo":
+        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "dr_grpo":
+        if max_completion_length is None:
+            raise ValueError("loss_type='dr_grpo' needs max_completion_length")
+        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
+    else:  # dapo
+        n = mask.sum() if num_items_in_batch is None else torch.as_tensor(float(num_items_in_batch))
+        loss = (per_token_loss * mask).sum() / n.clamp(min=1.0)
+
+    with torch.no_grad():
+        n_tok = mask.sum().clamp(min=1.0)
+        low = ((ratio < 1 - epsilon_low) & (adv < 0)).to(mask.dtype)
+        high = ((ratio > 1 + epsilon_high) & (adv > 0)).to(mask.dtype)
+        metrics = {
+            "clip_ratio/low_mean": float((low * mask).sum() / n_tok),
+            "clip_ratio/high_mean": float((high * mask).sum() / n_tok),
+            "clip_ratio/region_mean": float((((low + high) > 0).to(mask.dtype) * mask).sum() / n_tok),
+            "kl": float((kl * mask).sum() / n_tok) if kl is not None else 0.0,
+            "policy_loss": float(loss.detach()),
+        }
+    return loss, metrics
+
+
+def reinforce_loss(per_token_logps: torch.Tensor, advantages: torch.Tensor,
+                   completion_mask: torch.Tensor) -> torch.Tensor:
+    """REINFORCE with the group baseline, token-mean per sequence: the gradient GRPO's
+    ``grpo`` loss has when ``rho = 1`` and ``beta = 0`` (used in the tests and chapter 3)."""
+    mask = completion_mask.to(per_token_logps.dtype)
+    return (-(advantages[:, None] * per_token_logps * mask).sum(-1)
+            / mask.sum(-1).clamp(min=1.0)).mean()

@@ -1,0 +1,342 @@
+"""The from-scratch GRPO trainer: sample -> reward -> advantages -> loss -> step.
+
+:class:`CourseTrainer` strings together :mod:`grpo_course.sampling`,
+:mod:`grpo_course.rewards` and :mod:`grpo_course.grpo`. It trains LoRA adapters
+(``peft``) by default, keeps no reference model when ``beta == 0`` (with ``beta > 0``
+the reference is the same weights with the adapter switched off), reuses the
+sampler's log-probs as ``old_per_token_logps`` (one update per batch), logs one
+JSON row per step, and writes checkpoints atomically.
+
+CLI: ``python -m grpo_course.train --profile full --out DIR`` trains and saves an
+adapter folder that :func:`grpo_course.models.load_model` loads.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .config import ConfigError, GRPOConfig, get_profile
+from .data import chat_prompts, sft_text
+from .grpo import group_advantages, grpo_loss, per_token_logps, zero_std_groups
+from .sampling import sample_completions
+
+PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
+SFT_MAX_TOKENS = 256
+
+
+def _default_rewards(weights: dict[str, float]) -> dict[str, Callable]:
+    from .rewards import REWARD_FUNCTIONS
+    unknown = [n for n in weights if n not in REWARD_FUNCTIONS]
+    if unknown:
+        raise ConfigError(f"reward_weights names unknown reward(s) {unknown}; "
+                          f"choose from {', '.join(REWARD_FUNCTIONS)}")
+    return {n: REWARD_FUNCTIONS[n] for n in weights}
+
+
+def add_lora(model, config: GRPOConfig):
+    """Wrap ``model`` with fresh LoRA adapters (a no-op for a model that has them)."""
+    from peft import LoraConfig, get_peft_model
+    if hasattr(model, "peft_config"):
+        return model
+    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
+                      lora_dropout=config.lora_dropout,
+                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def _atomic_dir(path: Path, write: Callable[[Path], None]) -> Path:
+    """Run ``write(tmp)`` into a temporary folder beside ``path``, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
+    try:
+        write(tmp)
+        if path.exists():
+            old = path.with_name(f".{path.name}-old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+class CourseTrainer:
+    """GRPO on ``train_dataset`` (rows with ``question`` and ``answer``)."""
+
+    def __init__(self, model, tokenizer, config: GRPOConfig, train_dataset,
+                 reward_funcs: dict[str, Callable] | None = None, out_dir=None,
+                 penalty: Callable | None = None, timer=None):
+        if len(train_dataset) == 0:
+            raise ConfigError("train_dataset is empty")
+        self.config, self.tokenizer, self.dataset = config, tokenizer, train_dataset
+        torch.manual_seed(config.seed)
+        self.model = add_lora(model, config) if config.use_lora else model
+        self.reward_funcs = reward_funcs or _default_rewards(config.reward_weights)
+        missing = [n for n in config.reward_weights if n not in self.reward_funcs]
+        if missing:
+            raise ConfigError(f"reward_weights names {missing}, absent from reward_funcs")
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.penalty, self.timer = penalty, timer
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate,
+                                           weight_decay=config.weight_decay)
+        self.order = torch.randperm(len(train_dataset),
+                                    generator=torch.Generator().manual_seed(config.seed)).tolist()
+        self.global_step = 0        # GRPO steps done
+        self.sft_done = 0           # SFT steps done
+        self.history: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------ helpers
+    def _phase(self, name: str):
+        return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
+
+    def _rows(self, index: int, size: int) -> dict[str, list]:
+        ids = [self.order[(index * size + i) % len(self.order)] for i in range(size)]
+        picked = self.dataset.select(ids) if hasattr(self.dataset, "select") else \
+            [self.dataset[i] for i in ids]
+        rows = list(picked)
+        return {k: [r[k] for r in rows] for k in rows[0]}
+
+    def _log(self, row: dict[str, Any]) -> None:
+        self.history.append(row)
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row) + "\n")
+
+    # ------------------------------------------------------------ SFT warm-up
+    def sft_step(self, rows: dict[str, list], optimizer) -> dict[str, Any]:
+        """One supervised step on GSM8K solutions (loss on the solution tokens only)."""
+        start = time.perf_counter()
+        pairs = [sft_text(q, s, self.tokenizer) for q, s in zip(rows["question"], rows["solution"])]
+        self.tokenizer.padding_side = "left"
+        enc = self.tokenizer([p for p, _ in pairs], return_tensors="pt", padding=True,
+                             add_special_tokens=False)
+        self.tokenizer.padding_side = "right"
+        tgt = self.tokenizer([t for _, t in pairs], return_tensors="pt", padding=True,
+                             add_special_tokens=False, truncation=True, max_length=SFT_MAX_TOKENS)
+        self.tokenizer.padding_side = "left"
+        self.model.train()
+        logps = per_token_logps(self.model, enc["input_ids"], enc["attention_mask"],
+                                tgt["input_ids"], tgt["attention_mask"])
+        mask = tgt["attention_mask"].float()
+        loss = -(logps * mask).sum() / mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return {"phase": "sft", "sft_step": self.sft_done, "loss": float(loss),
+                "step_seconds": time.perf_counter() - start}
+
+    def sft(self, steps: int | None = None) -> list[dict]:
+        """The supervised warm-up (``config.sft_steps`` steps, resumable)."""
+        from tqdm.auto import tqdm
+        steps = self.config.sft_steps if steps is None else steps
+        if self.sft_done >= steps:
+            return []
+        optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
+                                      lr=self.config.sft_learning_rate)
+        rows_out = []
+        for _ in tqdm(range(self.sft_done, steps), desc="sft", leave=False):
+            # SFT draws from the end of the shuffled order, GRPO from the start
+            ids = [self.order[-1 - ((self.sft_done * self.config.sft_batch_size + i)
+                                    % len(self.order))] for i in range(self.config.sft_batch_size)]
+            picked = list(self.dataset.select(ids)) if hasattr(self.dataset, "select") \
+                else [self.dataset[i] for i in ids]
+            row = self.sft_step({k: [r[k] for r in picked] for k in picked[0]}, optimizer)
+            self.sft_done += 1
+            self._log(row)
+            rows_out.append(row)
+        return rows_out
+
+    # ------------------------------------------------------------ GRPO
+    def step(self, rows: dict[str, list]) -> dict[str, Any]:
+        """One GRPO step on the prompts of ``rows`` (columns ``question``, ``answer``)."""
+        cfg, G = self.config, self.config.num_generations
+        start = time.perf_counter()
+        prompts = chat_prompts(rows["question"], self.tokenizer)
+        with self._phase("sampling"):
+            batch = sample_completions(self.model, self.tokenizer, prompts, G,
+                                       cfg.max_completion_length, cfg.temperature, cfg.top_p,
+                                       seed=cfg.seed * 1_000_003 + self.global_step)
+        sampled = time.perf_counter()
+        with self._phase("rewards"):
+            answers = [a for a in rows["answer"] for _ in range(G)]
+            per_func = {n: torch.tensor(fn(batch.completions, answer=answers), dtype=torch.float32)
+                        for n, fn in self.reward_funcs.items()}
+            rewards = sum(cfg.reward_weights.get(n, 0.0) * r for n, r in per_func.items())
+            advantages = group_advantages(rewards, G, cfg.scale_rewards)
+        mask = batch.completion_mask
+        ref = None
+        self.model.train()
+        with self._phase("logprobs"):
+            if cfg.beta != 0.0:
+                with torch.no_grad(), self._reference():
+                    ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
+                                          batch.completion_ids, mask, cfg.temperature)
+        learn = bool(advantages.abs().max() > 0) or cfg.beta != 0.0 or self.penalty is not None
+        metrics: dict[str, Any] = {"kl": 0.0, "entropy": float("nan"), "loss": 0.0}
+        with self._phase("forward_backward"):
+            if learn:
+                logps, entropy = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
+                                                 batch.completion_ids, mask, cfg.temperature,
+                                                 return_entropy=True)
+                loss, metrics = grpo_loss(
+                    logps, batch.sampling_logps, advantages, mask, ref_per_token_logps=ref,
+                    beta=cfg.beta, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
+                    loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length)
+                if self.penalty is not None:
+                    extra = self.penalty(self.model)
+                    metrics["penalty"] = float(extra.detach())
+                    loss = loss + extra
+                loss.backward()
+                metrics["loss"] = float(loss.detach())
+                metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        with self._phase("optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm) \
+                if learn else torch.tensor(0.0)
+            if learn:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - start
+        n_tokens = int(mask.sum())
+        row = {"phase": "grpo", "step": self.global_step, **metrics,
+               "reward": float(rewards.mean()), "reward_std": float(rewards.std()),
+               **{f"rewards/{n}": float(r.mean()) for n, r in per_func.items()},
+               "frac_reward_zero_std": float(zero_std_groups(rewards, G).float().mean()),
+               "completion_length": float(mask.sum(1).float().mean()),
+               "clipped_ratio": float(batch.truncated.float().mean()),
+               "grad_norm": float(grad_norm), "skipped": not learn,
+               "step_seconds": seconds, "sampling_seconds": sampled - start,
+               "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds}
+        self.global_step += 1
+        return row
+
+    def _reference(self):
+        if hasattr(self.model, "disable_adapter"):
+            return self.model.disable_adapter()
+        raise ConfigError("beta > 0 needs a reference: train with use_lora=True "
+                          "(the reference is the model with its adapter disabled)")
+
+    def train(self, max_steps: int | None = None) -> list[dict]:
+        """SFT warm-up (if configured and not done), then GRPO up to ``max_steps``."""
+        from tqdm.auto import tqdm
+        cfg = self.config
+        max_steps = cfg.max_steps if max_steps is None else max_steps
+        rows_out: list[dict] = []
+        try:
+            rows_out += self.sft()
+            bar = tqdm(range(self.global_step, max_steps), desc="grpo", leave=False)
+            for _ in bar:
+                row = self.step(self._rows(self.global_step, cfg.prompts_per_step))
+                self._log(row)
+                rows_out.append(row)
+                bar.set_postfix(reward=f"{row['reward']:.2f}", s=f"{row['step_seconds']:.1f}")
+                if cfg.save_every and self.out_dir is not None and \
+                        self.global_step % cfg.save_every == 0:
+                    self.save_checkpoint(self.out_dir / "checkpoint")
+        except KeyboardInterrupt:
+            if self.out_dir is not None:
+                self.save_checkpoint(self.out_dir / "checkpoint")
+                print(f"interrupted: checkpoint saved to {self.out_dir / 'checkpoint'}")
+            raise
+        return rows_out
+
+    # ------------------------------------------------------------ persistence
+    def save_model(self, path) -> Path:
+        """Write an evaluable adapter (base recorded as ``config.model``) or full model into
+        ``path`` (other files there are kept); each file is written whole, then renamed."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=path))
+        try:
+            self.model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            adapter = tmp / "adapter_config.json"
+            if adapter.is_file():
+                meta = json.loads(adapter.read_text())
+                meta["base_model_name_or_path"] = self.config.model
+                adapter.write_text(json.dumps(meta, indent=2))
+            for item in tmp.iterdir():
+                os.replace(item, path / item.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return path
+
+    def save_checkpoint(self, path) -> Path:
+        """Trainable weights, optimizer, counters and config, written atomically."""
+        trainable = {n: p.detach().clone() for n, p in self.model.named_parameters()
+                     if p.requires_grad}
+
+        def write(tmp: Path) -> None:
+            torch.save({"trainable": trainable, "optimizer": self.optimizer.state_dict()},
+                       tmp / "state.pt")
+            cfg = dataclasses.asdict(self.config)
+            (tmp / "trainer.json").write_text(json.dumps(
+                {"global_step": self.global_step, "sft_done": self.sft_done, "config": cfg},
+                indent=2))
+        return _atomic_dir(Path(path), write)
+
+    @classmethod
+    def resume(cls, path, model, tokenizer, train_dataset, **kwargs) -> "CourseTrainer":
+        """A trainer that continues the run saved at ``path`` (``model`` = the fresh base)."""
+        path = Path(path)
+        meta = json.loads((path / "trainer.json").read_text())
+        cfg = meta["config"]
+        cfg["lora_target_modules"] = tuple(cfg["lora_target_modules"])
+        trainer = cls(model, tokenizer, GRPOConfig(**cfg), train_dataset, **kwargs)
+        state = torch.load(path / "state.pt", weights_only=True)
+        params = dict(trainer.model.named_parameters())
+        with torch.no_grad():
+            for name, value in state["trainable"].items():
+                params[name].copy_(value)
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        trainer.global_step, trainer.sft_done = meta["global_step"], meta["sft_done"]
+        return trainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .data import load_gsm8k
+    from .models import load_model
+
+    parser = argparse.ArgumentParser(description="Train the bundled model with GRPO.")
+    parser.add_argument("--profile", default=None, help="smoke | full")
+    parser.add_argument("--out", required=True, help="folder for the model, metrics, checkpoint")
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--resume", action="store_true", help="continue OUT/checkpoint")
+    args = parser.parse_args(argv)
+    config = get_profile(args.profile).grpo
+    if args.max_steps is not None:
+        config = dataclasses.replace(config, max_steps=args.max_steps)
+    model, tokenizer = load_model(config.model)
+    dataset = load_gsm8k("train", offset=config.train_offset)
+    out = Path(args.out)
+    if args.resume and (out / "checkpoint").is_dir():
+        trainer = CourseTrainer.resume(out / "checkpoint", model, tokenizer, dataset, out_dir=out)
+    else:
+        trainer = CourseTrainer(model, tokenizer, config, dataset, out_dir=out)
+    trainer.train()
+    trainer.save_model(out)
+    trainer.save_checkpoint(out / "checkpoint")
+    print(json.dumps({"model": str(out), "steps": trainer.global_step,
+                      "sft_steps": trainer.sft_done}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

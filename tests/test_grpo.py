@@ -1,0 +1,298 @@
+"""GRPO's math against hand-computed numbers, and the trainer's persistence."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from grpo_course.config import ConfigError, GRPOConfig
+from grpo_course.grpo import (group_advantages, grpo_loss, kl_k3, per_token_logps,
+                              reinforce_loss, zero_std_groups)
+from tests.test_sampling import tiny_model, tiny_tokenizer
+
+EPS = 1e-4
+
+
+# ---------------------------------------------------------------- advantages
+def test_group_advantages_by_hand():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0])
+    # group 1: mean 0.25, unbiased std sqrt((0.75^2 + 3 * 0.25^2) / 3) = 0.5
+    a = group_advantages(r, 4)
+    expected = torch.tensor([0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0]) / torch.tensor(
+        [0.5 + EPS] * 4 + [EPS] * 4)
+    torch.testing.assert_close(a, expected)
+    assert torch.isfinite(a).all() and (a[4:] == 0).all()        # zero-std group
+    torch.testing.assert_close(group_advantages(r, 4, "none"),
+                               torch.tensor([0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0]))
+    batch_std = float(r.std())                                   # unbiased over all 8
+    torch.testing.assert_close(group_advantages(r, 4, "batch"),
+                               torch.tensor([0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0]) / (batch_std + EPS))
+    assert zero_std_groups(r, 4).tolist() == [False, True]
+
+
+def test_group_advantages_all_equal_is_zero_not_nan():
+    for scale in ("group", "batch", "none"):
+        a = group_advantages(torch.full((6,), 0.5), 3, scale)
+        assert torch.isfinite(a).all() and (a == 0).all()
+
+
+def test_group_advantages_errors():
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_advantages(torch.zeros(6), 4)
+    with pytest.raises(ValueError, match="scale"):
+        group_advantages(torch.zeros(4), 2, "global")
+
+
+# ---------------------------------------------------------------- loss aggregations
+def _batch():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    logps = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.2, 0.3, 0.3]]))
+    return logps, logps.clone(), torch.tensor([1.0, -1.0]), mask
+
+
+@pytest.mark.parametrize("loss_type,expected", [
+    ("grpo", (-1.0 + 1.0) / 2),            # row means -1 and +1, then their mean
+    ("bnpo", (-1 - 1 + 1) / 3),            # token sum / 3 real tokens
+    ("dr_grpo", (-1 - 1 + 1) / (2 * 4)),   # token sum / (B * max_completion_length)
+    ("dapo", (-1 - 1 + 1) / 3),            # token sum / real tokens in the batch
+])
+def test_loss_types_by_hand(loss_type, expected):
+    logps, old, adv, mask = _batch()
+    loss, metrics = grpo_loss(logps, old, adv, mask, loss_type=loss_type, max_completion_length=4)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert metrics["clip_ratio/region_mean"] == 0 and metrics["kl"] == 0
+
+
+def test_dapo_normalizes_by_generation_batch_tokens():
+    logps, old, adv, mask = _batch()
+    loss, _ = grpo_loss(logps, old, adv, mask, loss_type="dapo", num_items_in_batch=6)
+    assert loss.item() == pytest.approx(-1 / 6)
+
+
+def test_clipping_by_hand():
+    mask = torch.ones(2, 2)
+    old = torch.zeros(2, 2)
+    # row 0 (A=+1): ratios 1.5 (clipped to 1.2) and 1.1; row 1 (A=-1): 0.5 (-> 0.8) and 1.5
+    logps = torch.log(torch.tensor([[1.5, 1.1], [0.5, 1.5]]))
+    adv = torch.tensor([1.0, -1.0])
+    loss, m = grpo_loss(logps, old, adv, mask, epsilon_low=0.2)
+    # per token: -min(rA, clip(r)A): [-1.2, -1.1], [0.8, 1.5]
+    assert loss.item() == pytest.approx(((-1.2 - 1.1) / 2 + (0.8 + 1.5) / 2) / 2, abs=1e-6)
+    assert m["clip_ratio/high_mean"] == pytest.approx(0.25)
+    assert m["clip_ratio/low_mean"] == pytest.approx(0.25)
+    assert m["clip_ratio/region_mean"] == pytest.approx(0.5)
+    # DAPO's clip-higher: epsilon_high=0.6 leaves 1.5 unclipped
+    loss2, m2 = grpo_loss(logps, old, adv, mask, epsilon_low=0.2, epsilon_high=0.6)
+    assert loss2.item() == pytest.approx(((-1.5 - 1.1) / 2 + (0.8 + 1.5) / 2) / 2, abs=1e-6)
+    assert m2["clip_ratio/high_mean"] == 0
+
+
+def test_k3_kl_by_hand():
+    logps = torch.log(torch.tensor([[0.5, 0.5]]))
+    ref = torch.log(torch.tensor([[0.25, 0.5]]))
+    kl = kl_k3(logps, ref)
+    assert kl[0, 0].item() == pytest.approx(0.5 - math.log(0.5) - 1)  # e^d - d - 1, d=log .5
+    assert kl[0, 1].item() == 0
+    loss, m = grpo_loss(logps, logps.detach(), torch.tensor([0.0]), torch.ones(1, 2),
+                        ref_per_token_logps=ref, beta=0.1)
+    assert loss.item() == pytest.approx(0.1 * kl.mean().item())
+    assert m["kl"] == pytest.approx(kl.mean().item())
+
+
+def test_masked_tokens_do_not_matter():
+    logps, old, adv, mask = _batch()
+    logps.requires_grad_(True)
+    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
+        loss, _ = grpo_loss(logps, old, adv, mask, loss_type=loss_type, max_completion_length=3)
+        changed = logps.detach().clone()
+        changed[mask == 0] = -50.0
+        loss2, _ = grpo_loss(changed, old, adv, mask, loss_type=loss_type, max_completion_length=3)
+        assert loss.item() == pytest.approx(loss2.item())
+        (grad,) = torch.autograd.grad(loss, logps)
+        assert (grad[mask == 0] == 0).all() and (grad[mask == 1] != 0).all()
+
+
+def test_ratio_one_gradient_is_reinforce_with_group_baseline():
+    torch.manual_seed(0)
+    logits = torch.randn(4, 5, 7, requires_grad=True)
+    tokens = torch.randint(0, 7, (4, 5))
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]])
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0])
+    adv = group_advantages(rewards, 2)
+    logps = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    loss, _ = grpo_loss(logps, logps.detach(), adv, mask)
+    (g_grpo,) = torch.autograd.grad(loss, logits)
+    logps = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    (g_reinforce,) = torch.autograd.grad(reinforce_loss(logps, adv, mask), logits)
+    torch.testing.assert_close(g_grpo, g_reinforce)
+    assert g_grpo.abs().sum() > 0
+
+
+def test_loss_errors():
+    logps, old, adv, mask = _batch()
+    with pytest.raises(ValueError, match="loss_type"):
+        grpo_loss(logps, old, adv, mask, loss_type="ppo")
+    with pytest.raises(ValueError, match="max_completion_length"):
+        grpo_loss(logps, old, adv, mask, loss_type="dr_grpo")
+    with pytest.raises(ValueError, match="ref_per_token_logps"):
+        grpo_loss(logps, old, adv, mask, beta=0.1)
+    with pytest.raises(ValueError, match="shape"):
+        grpo_loss(logps[:, :2], old, adv, mask)
+
+
+# ---------------------------------------------------------------- per-token log-probs
+def test_per_token_logps_shared_prompt_equals_full_forward():
+    model, tok = tiny_model(), tiny_tokenizer()
+    enc = tok(["<s>what is 2+3?<s>", "<s>7*8<s>"], return_tensors="pt", padding=True)
+    G, T = 3, 5
+    torch.manual_seed(1)
+    comp = torch.randint(4, 50, (2 * G, T))
+    cmask = torch.ones(2 * G, T, dtype=torch.long)
+    cmask[1, 3:] = 0
+    shared = per_token_logps(model, enc["input_ids"], enc["attention_mask"], comp, cmask, 0.7)
+    # naive: every completion with its own copy of the prompt, full logits
+    ids = torch.cat([enc["input_ids"].repeat_interleave(G, 0), comp], 1)
+    am = torch.cat([enc["attention_mask"].repeat_interleave(G, 0), cmask], 1)
+    pos = (am.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=am, position_ids=pos).logits[:, -T - 1:-1]
+    naive = torch.log_softmax(logits / 0.7, -1).gather(-1, comp[..., None]).squeeze(-1)
+    torch.testing.assert_close(shared[cmask == 1], naive[cmask == 1], atol=1e-5, rtol=1e-5)
+    repeated = per_token_logps(model, enc["input_ids"].repeat_interleave(G, 0),
+                               enc["attention_mask"].repeat_interleave(G, 0), comp, cmask, 0.7)
+    torch.testing.assert_close(shared, repeated, atol=1e-5, rtol=1e-5)
+
+
+def test_sampling_logps_match_training_logps():
+    from grpo_course.sampling import sample_completions
+    model, tok = tiny_model(), tiny_tokenizer()
+    s = sample_completions(model, tok, ["abc", "hello"], 2, 8, temperature=0.9, seed=0)
+    logps = per_token_logps(model, s.prompt_ids, s.prompt_mask, s.completion_ids,
+                            s.completion_mask, 0.9)
+    m = s.completion_mask == 1
+    torch.testing.assert_close(logps[m], s.sampling_logps[m], atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- trainer
+ROWS = [{"question": f"what is {a}+{b}?", "answer": str(a + b),
+         "solution": f"{a}+{b}={a + b}\n#### {a + b}"} for a, b in
+        [(1, 2), (3, 4), (5, 6), (7, 8), (2, 2), (9, 1)]]
+
+
+def length_reward(completions, answer=None, **kw):
+    """A toy reward with spread: shorter completions score higher."""
+    return [1.0 / (1 + len(c)) for c in completions]
+
+
+def _trainer(out_dir=None, **changes):
+    import datasets
+    from grpo_course.train import CourseTrainer
+    cfg = GRPOConfig(**{**dict(num_generations=2, per_step_completions=4,
+                               max_completion_length=6, max_steps=4, learning_rate=1e-2,
+                               lora_r=4, lora_alpha=8, reward_weights={"length": 1.0},
+                               lora_target_modules=("q_proj", "v_proj", "up_proj")), **changes})
+    return CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, datasets.Dataset.from_list(ROWS),
+                         reward_funcs={"length": length_reward}, out_dir=out_dir)
+
+
+class PhaseTimer:
+    def __init__(self):
+        self.seen = []
+
+    def phase(self, name):
+        import contextlib
+        self.seen.append(name)
+        return contextlib.nullcontext()
+
+
+def test_trainer_logs_and_learns_something(tmp_path):
+    trainer = _trainer(tmp_path)
+    trainer.timer = PhaseTimer()
+    rows = trainer.train(max_steps=2)
+    assert len(rows) == 2
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [0, 1]
+    for key in ("reward", "reward_std", "rewards/length", "frac_reward_zero_std",
+                "completion_length", "clipped_ratio", "kl", "entropy", "loss",
+                "step_seconds", "tokens_per_s", "clip_ratio/region_mean"):
+        assert key in logged[0], key
+    assert set(trainer.timer.seen) == {"sampling", "rewards", "logprobs", "forward_backward",
+                                       "optimizer"}
+    lora = [p for n, p in trainer.model.named_parameters() if "lora_B" in n]
+    assert any(p.abs().sum() > 0 for p in lora)          # B started at zero and moved
+
+
+def test_resume_reproduces_loss_trajectory(tmp_path):
+    full = _trainer().train(max_steps=4)
+    first = _trainer(tmp_path)
+    first.train(max_steps=2)
+    first.save_checkpoint(tmp_path / "ckpt")
+    from grpo_course.train import CourseTrainer
+    import datasets
+    resumed = CourseTrainer.resume(tmp_path / "ckpt", tiny_model(), tiny_tokenizer(),
+                                   datasets.Dataset.from_list(ROWS),
+                                   reward_funcs={"length": length_reward})
+    assert resumed.global_step == 2
+    rest = resumed.train(max_steps=4)
+    assert [r["step"] for r in rest] == [2, 3]
+    for a, b in zip(full[2:], rest):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+        assert a["reward"] == pytest.approx(b["reward"], abs=1e-6)
+
+
+def test_beta_uses_adapter_disabled_reference_and_penalty():
+    trainer = _trainer(beta=0.05)
+    calls = []
+
+    def penalty(model):
+        calls.append(1)
+        return sum((p ** 2).sum() for n, p in model.named_parameters() if "lora_" in n) * 0.0
+    trainer.penalty = penalty
+    row = trainer.step(trainer._rows(0, 2))
+    assert calls and row["kl"] >= 0 and not math.isnan(row["loss"])
+
+
+def test_sft_warmup_lowers_loss():
+    trainer = _trainer(sft_steps=6, sft_batch_size=3, sft_learning_rate=5e-2, max_steps=0)
+    rows = trainer.train()
+    sft = [r["loss"] for r in rows if r["phase"] == "sft"]
+    assert len(sft) == 6 and sft[-1] < sft[0]
+
+
+def test_interrupt_saves_checkpoint(tmp_path):
+    trainer = _trainer(tmp_path)
+
+    def boom(rows):
+        raise KeyboardInterrupt
+    trainer.step = boom
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train(max_steps=2)
+    assert (tmp_path / "checkpoint" / "state.pt").is_file()
+    assert json.loads((tmp_path / "checkpoint" / "trainer.json").read_text())["global_step"] == 0
+
+
+def test_save_model_writes_adapter(tmp_path):
+    trainer = _trainer()
+    trainer.save_model(tmp_path / "m")
+    meta = json.loads((tmp_path / "m" / "adapter_config.json").read_text())
+    assert meta["base_model_name_or_path"] == "smollm2-135m-instruct"
+
+
+@pytest.mark.parametrize("changes,match", [
+    (dict(num_generations=1), "num_generations"),
+    (dict(num_generations=3, per_step_completions=8), "divisible"),
+    (dict(max_completion_length=0), "max_completion_length"),
+    (dict(loss_type="ppo"), "loss_type"),
+])
+def test_impossible_configs(changes, match):
+    with pytest.raises(ConfigError, match=match):
+        GRPOConfig(**changes)
+
+
+def test_unknown_reward_name():
+    import datasets
+    from grpo_course.train import CourseTrainer
+    with pytest.raises(ConfigError, match="unknown reward"):
+        CourseTrainer(tiny_model(), tiny_tokenizer(), GRPOConfig(reward_weights={"nope": 1.0}),
+                      datasets.Dataset.from_list(ROWS))

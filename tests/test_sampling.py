@@ -1,0 +1,143 @@
+"""The sampler: deterministic under a seed, honours EOS, fast path == transformers path."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_course.sampling import FastLlama, sample_completions, supports_fast_path
+
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 #+-*/=.?,\n")
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s>{% endif %}")
+
+
+def tiny_tokenizer():
+    """A character-level tokenizer with <pad>=0, <s>=1, </s>=2 (EOS) and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({c: i + 4 for i, c in enumerate(CHARS)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", unk_token="<unk>")
+    fast.add_special_tokens({"additional_special_tokens": ["<s>", "</s>"]})
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def tiny_model(seed: int = 0, vocab: int = 64):
+    """A randomly initialised 2-layer Llama with grouped-query attention."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = 2
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model(), tiny_tokenizer()
+
+
+PROMPTS = ["what is 2+3?", "a much longer prompt, 7*8=?"]
+
+
+def test_fast_path_matches_transformers(tiny):
+    model, tok = tiny
+    assert supports_fast_path(model)
+    a = sample_completions(model, tok, PROMPTS, 3, 20, temperature=1.0, seed=5, fast=True)
+    b = sample_completions(model, tok, PROMPTS, 3, 20, temperature=1.0, seed=5, fast=False)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert torch.equal(a.completion_mask, b.completion_mask)
+    torch.testing.assert_close(a.sampling_logps, b.sampling_logps, atol=1e-4, rtol=1e-4)
+
+
+def test_deterministic_under_seed(tiny):
+    model, tok = tiny
+    a = sample_completions(model, tok, PROMPTS, 4, 16, seed=123)
+    b = sample_completions(model, tok, PROMPTS, 4, 16, seed=123)
+    c = sample_completions(model, tok, PROMPTS, 4, 16, seed=124)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert a.completions == b.completions
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+
+
+def test_shapes_and_grouping(tiny):
+    model, tok = tiny
+    s = sample_completions(model, tok, PROMPTS, 4, 12, seed=0)
+    assert s.completion_ids.shape[0] == 8 and s.completion_ids.shape[1] <= 12
+    assert s.prompt_ids.shape[0] == 2 and s.num_generations == 4
+    assert len(s.completions) == 8
+    assert (s.sampling_logps <= 0).all()
+    assert (s.sampling_logps[s.completion_mask == 0] == 0).all()
+
+
+def test_honours_eos():
+    """Bias the head towards EOS: every row stops there, the mask ends with it, pads follow."""
+    model, tok = tiny_model(seed=1), tiny_tokenizer()
+    prompts = ["abc", "hello world"]
+    s = sample_completions(model, tok, prompts, 4, 40, temperature=1.0, seed=0)
+    eos = tok.eos_token_id
+    for ids, mask, trunc in zip(s.completion_ids, s.completion_mask, s.truncated):
+        n = int(mask.sum())
+        assert mask[:n].all() and not mask[n:].any()       # contiguous real tokens
+        hits = (ids[:n] == eos).nonzero().flatten().tolist()
+        if trunc:
+            assert hits == []
+        else:
+            assert hits == [n - 1]                          # EOS is the last real token
+    # a head that always says EOS stops after one token
+    with torch.no_grad():
+        model.lm_head = torch.nn.Linear(32, 64, bias=True)
+        model.lm_head.weight.zero_()
+        model.lm_head.bias.fill_(-30.0)
+        model.lm_head.bias[eos] = 30.0
+    model.config.tie_word_embeddings = False
+    s = sample_completions(model, tok, prompts, 2, 40, seed=0, fast=False)
+    assert s.completion_ids.shape[1] == 1 and (s.completion_ids == eos).all()
+    assert not s.truncated.any()
+
+
+def test_greedy_and_left_padding(tiny):
+    """Greedy completions of a prompt do not depend on the padding its batch needs."""
+    model, tok = tiny
+    alone = sample_completions(model, tok, PROMPTS[:1], 1, 10, temperature=0)
+    padded = sample_completions(model, tok, PROMPTS, 1, 10, temperature=0)
+    n = int(alone.completion_mask[0].sum())
+    assert torch.equal(alone.completion_ids[0, :n], padded.completion_ids[0, :n])
+
+
+def test_lora_delta_is_used(tiny):
+    """The fast path sees the LoRA adapter's weights (and not when it is disabled)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(tiny_model(seed=3), LoraConfig(r=4, target_modules=["q_proj", "up_proj"]))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    base_w = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
+    fast = FastLlama(model)
+    assert not torch.allclose(fast.layers[0][1][:base_w.shape[0]], base_w)
+    with model.disable_adapter():
+        assert torch.equal(FastLlama(model).layers[0][1][:base_w.shape[0]], base_w)
+    tok = tiny_tokenizer()
+    a = sample_completions(model, tok, PROMPTS, 2, 12, seed=9, fast=True)
+    b = sample_completions(model, tok, PROMPTS, 2, 12, seed=9, fast=False)
+    assert torch.equal(a.completion_ids, b.completion_ids)
+
+
+def test_bad_arguments(tiny):
+    model, tok = tiny
+    with pytest.raises(ValueError):
+        sample_completions(model, tok, PROMPTS, 0, 10)
+    with pytest.raises(ValueError):
+        sample_completions(model, tok, PROMPTS, 2, 0)
