@@ -111,6 +111,15 @@ class Profile:
     # chapter 2
     reward_prompts: int = 8          # prompts sampled for the reward distributions (G = grpo.num_generations)
     reward_max_new_tokens: int = 200  # completion budget of those samples
+    # chapter 6 (INT8): logits agreement, decode timing, held-out eval of each variant
+    quant_agreement_prompts: int = 16     # GSM8K test prompts for fp32-vs-INT8 logits
+    quant_torchao_prompts: int = 2        # the same for torchao (its CPU int8 matmul is slow)
+    quant_last_k: int = 16                # compared positions at the end of each prompt
+    quant_batch_sizes: tuple[int, ...] = (1, 8)
+    quant_decode_tokens: int = 32         # new tokens per timing run
+    quant_torchao_batch_sizes: tuple[int, ...] = (1, 8)
+    quant_torchao_decode_tokens: int = 4
+    quant_eval_n: int = 96                # held-out problems per evaluated variant
     # chapter 7 (profiling); the profiled step itself uses ``grpo``
     prof_steps: int = 2                               # timed trainer steps (after one warm-up)
     prof_threads: tuple[int, ...] = (1, 2, 3, 4)      # thread counts for the scaling runs
@@ -137,6 +146,9 @@ PROFILES: dict[str, Profile] = {
         grpo=GRPOConfig(max_steps=2, per_step_completions=8, num_generations=4,
                         max_completion_length=32, sft_steps=2, sft_batch_size=4),
         n_inspect=200, n_demo=1, reward_prompts=2, reward_max_new_tokens=48,
+        quant_agreement_prompts=2, quant_torchao_prompts=1, quant_last_k=8,
+        quant_batch_sizes=(1, 8), quant_decode_tokens=8, quant_torchao_batch_sizes=(1,),
+        quant_torchao_decode_tokens=3, quant_eval_n=8,
         prof_steps=1, prof_threads=(1, 2), prof_scaling_length=8, prof_matmul_n=1024,
         prof_copy_mib=64, prof_lever_length=8, prof_lever_generations=(2, 4),
         prof_lever_lengths=(8, 16), prof_nocache_tokens=8,
