@@ -228,3 +228,29 @@ def test_run_with_threads_and_omp_order():
     assert by["before import torch"] == 1
     with pytest.raises(RuntimeError, match="subprocess failed"):
         prof.run_with_threads("raise SystemExit(3)", 1)
+
+
+# ---------------------------------------------------------------- the course trainer
+def test_course_trainer_phases_and_unchanged_results(tokenizer):
+    train = pytest.importorskip("grpo_course.train")
+    from grpo_course.config import GRPOConfig
+
+    rows = {"question": ["What is 2 + 3?", "What is 10 - 4?"], "answer": ["5", "6"]}
+    cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=6,
+                     lora_r=2, lora_alpha=4)
+    results = []
+    for timer in (None, prof.PhaseTimer()):
+        model = tiny_llama(tokenizer, seed=2)
+        trainer = train.CourseTrainer(model, tokenizer, cfg, [dict(question=q, answer=a)
+                                      for q, a in zip(rows["question"], rows["answer"])],
+                                      penalty=lambda m: torch.zeros(()), timer=timer)
+        for _ in range(2):
+            with (timer.step() if timer is not None else nullcontext()):
+                trainer.step(rows)
+        results.append([p.detach().clone() for p in trainer.model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert len(timer.records) == 2
+    for rec in timer.records:
+        assert set(rec.phases) <= set(prof.PHASES)
+        assert {"sampling", "rewards", "forward_backward", "optimizer"} <= set(rec.phases)
+        assert 0 <= rec.other < 0.1 * rec.wall + 0.01, (rec.wall, rec.phases)
