@@ -158,7 +158,8 @@ PROFILES: dict[str, Profile] = {
     "full": Profile(
         name="full",
         eval=EvalConfig(n=256, batch_size=32, max_new_tokens=200),
-        grpo=GRPOConfig(),
+        # recipe: a LoRA SFT warm-up on GSM8K train solutions, then GRPO (see chapter 3)
+        grpo=GRPOConfig(sft_steps=200, sft_batch_size=4, sft_learning_rate=3e-4),
         n_inspect=7473, n_demo=3, reward_prompts=16, reward_max_new_tokens=200,
         extra={},
     ),

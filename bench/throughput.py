@@ -1,0 +1,174 @@
+"""Throughput: the course trainer vs TRL's GRPOTrainer at the identical config.
+
+    python bench/throughput.py            # one JSON line: ours, trl, ratio, sampling tok/s
+    python bench/throughput.py --sweep    # also the cost curve against G and completion length
+    python bench/throughput.py --only ours --steps 2
+
+Each trainer runs in its own subprocess (so peak RSS is its own): one warm-up step,
+then ``--steps`` timed steps on the same GSM8K train prompts, with the same model
+(bundled, fp32), LoRA, G, completions per step, completion budget and rewards.
+Results are also written to ``data/throughput.json`` for chapter 3's plots.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def bench_config(G: int, completions: int, length: int):
+    from grpo_course.config import GRPOConfig
+    return GRPOConfig(num_generations=G, per_step_completions=completions,
+                      max_completion_length=length, sft_steps=0, max_steps=1, seed=0)
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def summarize(seconds: list[float], tokens: list[int], completions: int) -> dict:
+    med = statistics.median(seconds)
+    return {"s_per_step": med, "completions_per_s": completions / med,
+            "sampled_tokens_per_s": sum(tokens) / sum(seconds), "steps": len(seconds),
+            "step_seconds": seconds, "peak_rss_mib": peak_rss_mib()}
+
+
+def worker_ours(G: int, completions: int, length: int, steps: int) -> dict:
+    from grpo_course.data import load_gsm8k
+    from grpo_course.models import load_model
+    from grpo_course.train import CourseTrainer
+
+    cfg = bench_config(G, completions, length)
+    model, tok = load_model(cfg.model)
+    P = cfg.prompts_per_step
+    data = load_gsm8k("train", limit=P * (steps + 1))
+    trainer = CourseTrainer(model, tok, cfg, data)
+    secs, toks = [], []
+    for i in range(steps + 1):
+        rows = data.select(range(i * P, (i + 1) * P))
+        row = trainer.step({k: rows[k] for k in ("question", "answer")})
+        if i:  # step 0 is the warm-up
+            secs.append(row["step_seconds"])
+            toks.append(row["sampled_tokens"])
+    return summarize(secs, toks, completions)
+
+
+def worker_sampling(sequences: int, length: int) -> dict:
+    """Decode speed at ``sequences`` rows (8 prompts x G), temperature 1, no EOS stop bias."""
+    from grpo_course.data import chat_prompts, load_gsm8k
+    from grpo_course.models import load_model
+    from grpo_course.sampling import sample_completions
+
+    model, tok = load_model()
+    prompts = chat_prompts(load_gsm8k("train", limit=8)["question"], tok)
+    G = sequences // len(prompts)
+    sample_completions(model, tok, prompts, G, 8, seed=0)  # warm-up
+    start = time.perf_counter()
+    s = sample_completions(model, tok, prompts, G, length, seed=1)
+    secs = time.perf_counter() - start
+    return {"sequences": sequences, "decode_steps": s.completion_ids.shape[1], "seconds": secs,
+            "tokens_per_s": float(s.completion_mask.sum()) / secs,
+            "slot_tokens_per_s": sequences * s.completion_ids.shape[1] / secs}
+
+
+def worker_trl(G: int, completions: int, length: int, steps: int) -> dict:
+    from transformers import TrainerCallback
+
+    from grpo_course.trl_bridge import train_with_trl
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.seconds, self.t0 = [], 0.0
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.seconds.append(time.perf_counter() - self.t0)
+
+    cfg = replace(bench_config(G, completions, length), max_steps=steps + 1)
+    timer = Timer()
+    run = train_with_trl(cfg, "/tmp/grpo_bench_trl", callbacks=[timer])
+    lengths = run.series("completions/mean_length")
+    toks = [int(completions * n) for n in lengths[1:]]
+    return summarize(timer.seconds[1:], toks, completions)
+
+
+def spawn(args: list[str], timeout: float) -> dict:
+    """Run this file as a worker in a fresh process; its last stdout line is JSON."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    out = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True,
+                         env=env, timeout=timeout, cwd=ROOT)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "failed"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--num-generations", "-G", type=int, default=4)
+    p.add_argument("--completions", type=int, default=8, help="completions per step")
+    p.add_argument("--length", type=int, default=128, help="max completion tokens")
+    p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
+    p.add_argument("--only", choices=["ours", "trl", "sampling"], default=None)
+    p.add_argument("--sweep", action="store_true", help="cost curve against G and length")
+    p.add_argument("--out", default=str(ROOT / "data" / "throughput.json"))
+    p.add_argument("--timeout", type=float, default=3600)
+    p.add_argument("--worker", choices=["ours", "trl", "sampling"], help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker:  # inside a subprocess
+        from grpo_course.models import set_threads
+        set_threads()
+        if a.worker == "ours":
+            res = worker_ours(a.num_generations, a.completions, a.length, a.steps)
+        elif a.worker == "trl":
+            res = worker_trl(a.num_generations, a.completions, a.length, a.steps)
+        else:
+            res = worker_sampling(a.completions, a.length)
+        print(json.dumps(res))
+        return 0
+
+    base = ["-G", str(a.num_generations), "--completions", str(a.completions),
+            "--length", str(a.length), "--steps", str(a.steps)]
+    result: dict = {"config": {"num_generations": a.num_generations,
+                               "completions_per_step": a.completions,
+                               "max_completion_length": a.length, "timed_steps": a.steps,
+                               "threads": len(os.sched_getaffinity(0))}}
+    if a.only in (None, "ours"):
+        result["ours"] = spawn(["--worker", "ours", *base], a.timeout)
+    if a.only in (None, "trl"):
+        result["trl"] = spawn(["--worker", "trl", *base], a.timeout)
+    if "ours" in result and "trl" in result and "error" not in result["ours"] \
+            and "error" not in result["trl"]:
+        result["ratio"] = result["ours"]["completions_per_s"] / result["trl"]["completions_per_s"]
+        result["rss_ratio"] = result["ours"]["peak_rss_mib"] / result["trl"]["peak_rss_mib"]
+    if a.only in (None, "sampling"):
+        result["sampling_32"] = spawn(["--worker", "sampling", "--completions", "32",
+                                       "--length", str(a.length)], a.timeout)
+    if a.sweep:
+        sweep = []
+        for G, length in [(2, 128), (4, 128), (8, 128), (4, 32), (4, 64), (4, 256)]:
+            res = spawn(["--worker", "ours", "-G", str(G), "--completions", str(2 * G),
+                         "--length", str(length), "--steps", "2"], a.timeout)
+            sweep.append({"num_generations": G, "completions": 2 * G, "length": length, **res})
+        result["sweep"] = sweep
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    previous = json.loads(out.read_text()) if out.is_file() else {}
+    out.write_text(json.dumps({**previous, **result}, indent=2))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""Figures for a training run's metrics log (``metrics.jsonl`` from :mod:`grpo_course.train`)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Iterable, Sequence
+
+DEFAULT_KEYS = ("reward", "rewards/correctness", "rewards/exact_format", "completion_length",
+                "kl", "entropy", "loss", "frac_reward_zero_std", "step_seconds")
+
+
+def read_metrics(source) -> list[dict]:
+    """Rows of a ``metrics.jsonl`` file (or a folder holding one, or a list of rows)."""
+    if isinstance(source, (list, tuple)):
+        return list(source)
+    path = Path(source)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def series(rows: Iterable[dict], key: str, phase: str = "grpo") -> tuple[list[int], list[float]]:
+    """(steps, values) of ``key`` over the rows of one phase (``grpo`` or ``sft``)."""
+    xs, ys = [], []
+    for i, r in enumerate(r for r in rows if r.get("phase", "grpo") == phase):
+        if key in r and r[key] is not None:
+            xs.append(r.get("step", r.get("sft_step", i)))
+            ys.append(float(r[key]))
+    return xs, ys
+
+
+def smooth(values: Sequence[float], window: int = 5) -> list[float]:
+    """Trailing moving average (ignores NaN)."""
+    out = []
+    for i in range(len(values)):
+        chunk = [v for v in values[max(0, i - window + 1):i + 1] if not math.isnan(v)]
+        out.append(sum(chunk) / len(chunk) if chunk else float("nan"))
+    return out
+
+
+def plot_metrics(source, keys: Sequence[str] = DEFAULT_KEYS, window: int = 5, runs=None,
+                 ncols: int = 3):
+    """A grid of curves, one panel per metric; ``runs`` = {label: source} overlays several."""
+    import matplotlib.pyplot as plt
+
+    runs = runs or {"run": source}
+    data = {label: read_metrics(src) for label, src in runs.items()}
+    keys = [k for k in keys if any(series(rows, k)[1] for rows in data.values())]
+    nrows = max(1, math.ceil(len(keys) / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 2.8 * nrows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        for label, rows in data.items():
+            xs, ys = series(rows, key)
+            line, = ax.plot(xs, ys, alpha=0.3)
+            ax.plot(xs, smooth(ys, window), color=line.get_color(), label=label)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("GRPO step")
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    if len(data) > 1:
+        axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
