@@ -131,7 +131,7 @@ class Profile:
     prof_lever_lengths: tuple[int, ...] = (32, 64, 128)
     prof_nocache_tokens: int = 32                     # budget of the KV-cache lever
     # chapter 4 (TRL GRPOTrainer); the rest of the run uses ``grpo`` and ``eval``
-    trl_max_steps: int = 8                            # GRPOTrainer optimizer steps
+    trl_max_steps: int = 8                            # GRPOTrainer optimizer steps (smoke: 1)
     # chapters 4-7 read their own entries from ``extra``
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -152,7 +152,7 @@ PROFILES: dict[str, Profile] = {
         prof_steps=1, prof_threads=(1, 2), prof_scaling_length=8, prof_matmul_n=1024,
         prof_copy_mib=64, prof_lever_length=8, prof_lever_generations=(2, 4),
         prof_lever_lengths=(8, 16), prof_nocache_tokens=8,
-        trl_max_steps=2,
+        trl_max_steps=1,
         extra={},
     ),
     "full": Profile(

@@ -46,6 +46,9 @@ FIXED_TRL_FIELDS: dict[str, Any] = {
     "use_cpu": True, "bf16": False, "fp16": False, "gradient_accumulation_steps": 1,
     "num_iterations": 1, "use_bias_correction_kl": False, "lr_scheduler_type": "constant",
     "report_to": "none", "save_strategy": "no",
+    # TRL turns activation checkpointing on by default: it saves memory by running the
+    # forward twice. A 135M model fits a CPU's memory easily, so we keep the time.
+    "gradient_checkpointing": False,
 }
 
 #: The same knobs on AWS Trainium through optimum-neuron (documented, not run here):
@@ -241,6 +244,10 @@ def train_with_trl(cfg: GRPOConfig, output_dir: str | os.PathLike, model=None, t
                           train_dataset=train_dataset, processing_class=tokenizer,
                           peft_config=lora_config_from_course(cfg) if cfg.use_lora else None,
                           callbacks=callbacks)
+    if quiet:  # with disable_tqdm, transformers prints every log dict; the history keeps them
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()
     trainer.train()
     return TRLRun(trainer=trainer, log_history=list(trainer.state.log_history),
@@ -256,3 +263,25 @@ def save_and_merge(run: TRLRun, adapter_dir: str | os.PathLike):
     merged = model.merge_and_unload()
     merged.eval()
     return merged
+
+
+def read_throughput(path: str | os.PathLike) -> dict[str, float] | None:
+    """The numbers of a throughput JSON file (``bench/throughput.py`` writes one), flattened
+    to ``{"a/b": value}``; ``None`` when the file does not exist yet."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        return None
+    flat: dict[str, float] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}/{key}" if prefix else str(key))
+        elif isinstance(node, (int, float)) and not isinstance(node, bool):
+            flat[prefix] = float(node)
+
+    walk(json.loads(path.read_text()), "")
+    return flat

@@ -234,9 +234,9 @@ def test_trl_dataset_is_conversational(gsm8k_dir):
 
 @pytest.mark.slow
 def test_train_with_trl_one_step_on_the_bundled_model(gsm8k_dir, tmp_path):
-    cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=8,
+    cfg = GRPOConfig(num_generations=2, per_step_completions=2, max_completion_length=6,
                      max_steps=1, lora_r=4, lora_alpha=8)
-    ds = trl_bridge.trl_dataset("train", n=2, data_dir=str(gsm8k_dir))
+    ds = trl_bridge.trl_dataset("train", n=1, data_dir=str(gsm8k_dir))
     run = trl_bridge.train_with_trl(cfg, tmp_path / "run", train_dataset=ds)
     assert run.trainer.state.global_step == 1 and len(run.steps) == 1
     step = run.steps[0]
