@@ -221,6 +221,12 @@ def test_trainer_logs_and_learns_something(tmp_path):
                                        "optimizer"}
     lora = [p for n, p in trainer.model.named_parameters() if "lora_B" in n]
     assert any(p.abs().sum() > 0 for p in lora)          # B started at zero and moved
+    import matplotlib
+    matplotlib.use("Agg")
+    from grpo_course.plotting import plot_metrics, series
+    assert series(logged, "reward")[0] == [0, 1]
+    fig = plot_metrics(tmp_path, keys=("reward", "loss", "not_logged"))
+    assert [ax.get_title() for ax in fig.axes if ax.axison] == ["reward", "loss"]
 
 
 def test_resume_reproduces_loss_trajectory(tmp_path):
