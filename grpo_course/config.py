@@ -110,7 +110,7 @@ class Profile:
     n_demo: int = 3                  # problems answered live
     # chapter 2
     reward_prompts: int = 8          # prompts sampled for the reward distributions (G = grpo.num_generations)
-    reward_max_new_tokens: int = 200  # completion budget of those samples
+    reward_max_new_tokens: int = 160  # completion budget of those samples
     # chapter 6 (INT8): logits agreement, decode timing, held-out eval of each variant
     quant_agreement_prompts: int = 16     # GSM8K test prompts for fp32-vs-INT8 logits
     quant_torchao_prompts: int = 2        # the same for torchao (its CPU int8 matmul is slow)
@@ -160,7 +160,7 @@ PROFILES: dict[str, Profile] = {
         eval=EvalConfig(n=256, batch_size=32, max_new_tokens=200),
         # recipe: a LoRA SFT warm-up on GSM8K train solutions, then GRPO (see chapter 3)
         grpo=GRPOConfig(sft_steps=200, sft_batch_size=4, sft_learning_rate=3e-4),
-        n_inspect=7473, n_demo=3, reward_prompts=16, reward_max_new_tokens=200,
+        n_inspect=7473, n_demo=3, reward_prompts=8, reward_max_new_tokens=160,
         extra={},
     ),
 }
