@@ -76,12 +76,14 @@ def last_number(text: str) -> str | None:
 
 
 def extract_hash_answer(text: str) -> str | None:
-    """The normalized number after the last ``####`` in ``text`` (``None`` if absent)."""
-    if not text or "####" not in text:
-        return None
-    tail = text.rsplit("####", 1)[1].strip()
-    match = _NUMBER.search(tail.replace("$", ""))
-    return normalize_number(match.group(0)) if match else None
+    """The normalized number on the last ``#### ...`` line of ``text`` (``None`` if absent).
+
+    One checker for the whole course: this is :func:`grpo_course.rewards.extract_answer`
+    with GSM8K's ``####`` format, so evaluation and rewards never disagree.
+    """
+    from .rewards import extract_answer
+
+    return extract_answer(text or "")
 
 
 # ---------------------------------------------------------------- rows
