@@ -358,8 +358,11 @@ def time_decoding(model, tokenizer, prompts: Sequence[str], batch_size: int,
         total = time.perf_counter() - t0
         steps = out.completion_ids.shape[1]
         tokens = int(out.completion_mask.sum())
-        rate = batch_size * (steps - 1) / max(total - first, 1e-9)
-        best_first, best_rate = min(best_first, first), max(best_rate, rate)
+        if steps > 1 and total > first:      # noise can make the 1-token run the slower one
+            best_rate = max(best_rate, batch_size * (steps - 1) / (total - first))
+        best_first = min(best_first, first)
+    if best_rate == 0.0:
+        best_rate = float("nan")
     return {"batch_size": batch_size, "ttft_s": best_first, "decode_tok_s": best_rate,
             "new_tokens": tokens}
 
