@@ -108,11 +108,6 @@ class PhaseTimer:
             self._open = None
             self.records.append(record)
 
-    def time_step(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)`` inside :meth:`step`; returns its result."""
-        with self.step():
-            return fn(*args, **kwargs)
-
     def to_frame(self) -> pd.DataFrame:
         """One row per step: seconds per phase, ``other`` and ``wall``."""
         names = list(dict.fromkeys(n for r in self.records for n in r.phases))
@@ -205,6 +200,22 @@ class RSSSampler:
             cpu_percent=("cpu_percent", "mean"), samples=("rss", "size"))
 
 
+def plot_memory_timeline(sampler: RSSSampler, ax=None):
+    """RSS (MiB) over time, one colour per phase label."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3))
+    frame = sampler.to_frame().fillna({"phase": "-"})
+    ax.plot(frame["t"], frame["rss_mib"], color="lightgrey", lw=1, zorder=1)
+    for i, (name, part) in enumerate(frame.groupby("phase", sort=False)):
+        ax.scatter(part["t"], part["rss_mib"], s=6, label=name, color=f"C{i}", zorder=2)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("RSS (MiB)")
+    ax.legend(fontsize=8, markerscale=2, loc="upper left", ncol=3)
+    return ax
+
+
 def cpu_utilization(fn: Callable[[], Any], cores: int | None = None) -> dict[str, float]:
     """Run ``fn()``; return wall s, CPU s (user+system, all threads) and the utilization
     ``cpu / (wall * cores)`` — the "x % CPU utilization" number. It counts every cycle
@@ -286,10 +297,6 @@ def measure_limits(n: int = 2048, mib: int = 256) -> Limits:
     return Limits(gflops=matmul_gflops(n), bandwidth=copy_bandwidth(mib))
 
 
-def count_params(model: torch.nn.Module, trainable_only: bool = False) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
-
-
 @dataclass
 class RooflinePoint:
     """A workload on the roofline: FLOPs done, bytes moved, seconds taken."""
@@ -350,6 +357,22 @@ def plot_roofline(limits: Limits, points: list[RooflinePoint], ax=None):
     ax.set_ylabel("GFLOP/s")
     ax.legend(fontsize=8, loc="lower right")
     return ax
+
+
+# ---------------------------------------------------------------- a lever: all-position logits
+def full_sequence_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                        completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                        temperature: float = 1.0) -> torch.Tensor:
+    """The naive per-token log-probs ``[B, T]``: prompt+completion as one sequence per
+    completion (``prompt_ids`` ``[B, Lp]``) and logits for *every* position, then keep
+    the completion's. Same values as ``grpo.per_token_logps``; here to measure the cost."""
+    Lp, T = prompt_ids.shape[1], completion_ids.shape[1]
+    ids = torch.cat([prompt_ids, completion_ids], 1)
+    mask = torch.cat([prompt_mask, completion_mask], 1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits  # [B, L, V]
+    logps = torch.log_softmax(logits[:, Lp - 1:Lp - 1 + T].float() / temperature, -1)
+    return logps.gather(-1, completion_ids[..., None]).squeeze(-1)
 
 
 # ---------------------------------------------------------------- threads, in subprocesses
