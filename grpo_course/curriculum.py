@@ -96,6 +96,15 @@ def shuffled_stages(stages: Sequence[Stage], seed: int = 0) -> list[Stage]:
     return out
 
 
+def stratified_sample(dataset, per_stratum: int, seed: int | None = None):
+    """``per_stratum`` rows of each stratum of ``dataset``, concatenated (an evaluation set
+    with equal n per stratum)."""
+    from datasets import concatenate_datasets
+
+    return concatenate_datasets([s.dataset for s in take(curriculum_stages(dataset),
+                                                         per_stratum, seed)])
+
+
 def order_by_pass_rate(pass_rates: Mapping[str, float]) -> tuple[str, ...]:
     """Strata from easiest (highest measured pass rate) to hardest; ties keep step order."""
     missing = set(STRATA) - set(pass_rates)
@@ -336,3 +345,66 @@ class EWC:
         flat = torch.cat([f.flatten() for f in self.fisher.values()])
         return {"parameters": flat.numel(), "lam": self.lam, "mean": float(flat.mean()),
                 "median": float(flat.median()), "max": float(flat.max())}
+
+
+# ---------------------------------------------------------------- 4. staged runs and forgetting
+def train_stages(model, tokenizer, config, stages: Sequence[Stage], steps_per_stage: int, *,
+                 penalty=None, consolidate: Callable | None = None,
+                 after_stage: Callable | None = None, resume: str | Path | None = None):
+    """Train ``stages`` in order with :class:`~grpo_course.train.CourseTrainer`, one trainer
+    (fresh optimizer) per stage on the same model; ``steps_per_stage`` GRPO steps each.
+
+    ``penalty`` is the trainer's hook (e.g. an :class:`EWC`); with ``consolidate(stage, model)
+    -> batches`` the EWC adds each finished stage's Fisher before the next one.
+    ``after_stage(k, stage, model) -> dict`` (e.g. an evaluation) is collected per stage.
+    ``resume`` starts the first stage from a :meth:`CourseTrainer.save_checkpoint` folder
+    (``model`` must then be the fresh base). Returns ``(last_trainer, records)``.
+    """
+    from .train import CourseTrainer
+
+    records, trainer = [], None
+    for k, stage in enumerate(stages):
+        if k == 0 and resume is not None:
+            trainer = CourseTrainer.resume(resume, model, tokenizer, stage.dataset,
+                                           penalty=penalty)
+        else:
+            trainer = CourseTrainer(model if trainer is None else trainer.model, tokenizer,
+                                    config, stage.dataset, penalty=penalty)
+        steps = trainer.train(max_steps=trainer.global_step + steps_per_stage)
+        record = {"stage": stage.name, "steps": steps}
+        if after_stage is not None:
+            record.update(after_stage(k, stage, trainer.model))
+        records.append(record)
+        if consolidate is not None and penalty is not None and k < len(stages) - 1:
+            penalty.consolidate(trainer.model, consolidate(stage, trainer.model), progress=False)
+    return trainer, records
+
+
+def forgetting(before, after, stratum: str) -> dict[str, Any]:
+    """Accuracy on ``stratum`` before and after later training (two
+    :class:`~grpo_course.evaluate.EvalResult` on the same problems): the drop, the problems
+    lost and gained, and McNemar's exact p-value."""
+    from .evaluate import mcnemar_test
+
+    a = {r["idx"]: r["correct"] for r in before.records if r["difficulty"] == stratum}
+    b = {r["idx"]: r["correct"] for r in after.records if r["difficulty"] == stratum}
+    if set(a) != set(b) or not a:
+        raise CurriculumError(f"the two evaluations do not hold the same {stratum} problems")
+    keys = sorted(a)
+    test = mcnemar_test([a[i] for i in keys], [b[i] for i in keys])
+    n = len(keys)
+    return {"stratum": stratum, "n": n, "before": sum(a.values()) / n,
+            "after": sum(b.values()) / n, "drop": (sum(a.values()) - sum(b.values())) / n,
+            "lost": test["a_only"], "gained": test["b_only"], "p_value": test["p_value"]}
+
+
+@torch.no_grad()
+def solution_log_likelihood(model, tokenizer, rows, batch_size: int = 8,
+                            max_completion_length: int = 128) -> torch.Tensor:
+    """``[N]`` mean per-token log-likelihood of GSM8K's reference solutions of ``rows``: a
+    continuous, paired measure of forgetting (far less noisy than accuracy at small n)."""
+    out = []
+    for batch in reference_batches(tokenizer, rows, batch_size, max_completion_length):
+        ll = completion_log_likelihood(model, batch)
+        out.append(ll / batch["completion_mask"].sum(-1).clamp(min=1))
+    return torch.cat(out)
