@@ -31,6 +31,11 @@ def cache_dir() -> Path:
     return Path(root).expanduser()
 
 
+def runs_dir() -> Path:
+    """Where chapters keep trained models and logs: ``cache_dir()/runs`` (outside the repo)."""
+    return cache_dir() / "runs"
+
+
 def set_threads(n: int | None = None) -> int:
     """Use ``n`` intra-op threads (default: the physical cores we may run on)."""
     if n is None:
