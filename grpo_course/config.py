@@ -135,12 +135,12 @@ class Profile:
     # chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides
     cl_steps_per_stage: int = 3                       # GRPO steps per curriculum stage
     cl_max_completion_length: int = 96                # completion budget while training
-    cl_eval_per_stratum: int = 32                     # held-out test problems per stratum
+    cl_eval_per_stratum: int = 16                     # held-out test problems per stratum
     cl_eval_max_new_tokens: int = 128                 # greedy budget of those evaluations
-    cl_fisher_prompts: int = 16                       # stage-1 problems for the Fisher
-    cl_nll_rows: int = 32                             # held-out stage-1 solutions scored
-    cl_lam: float = 100.0                             # EWC strength of the main run
-    cl_sweep_lams: tuple[float, ...] = (0.0, 10.0, 100.0, 1000.0)
+    cl_fisher_prompts: int = 8                        # stage-1 problems for the Fisher
+    cl_nll_rows: int = 24                             # held-out stage-1 solutions scored
+    cl_lam: float = 1e4                               # EWC strength of the main run
+    cl_sweep_lams: tuple[float, ...] = (0.0, 1e2, 1e4, 1e6)
     cl_sweep_steps: int = 2                           # stage-2 steps per swept lambda
     # chapters 4-7 read their own entries from ``extra``
     extra: dict[str, Any] = field(default_factory=dict)
@@ -165,7 +165,7 @@ PROFILES: dict[str, Profile] = {
         trl_max_steps=1,
         cl_steps_per_stage=1, cl_max_completion_length=16, cl_eval_per_stratum=2,
         cl_eval_max_new_tokens=24, cl_fisher_prompts=2, cl_nll_rows=4,
-        cl_sweep_lams=(0.0, 100.0), cl_sweep_steps=1,
+        cl_sweep_lams=(0.0, 1e4), cl_sweep_steps=1,
         extra={},
     ),
     "full": Profile(
