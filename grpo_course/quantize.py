@@ -28,7 +28,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -113,33 +113,12 @@ def _is_plain(t: torch.Tensor) -> bool:
 
 
 def has_plain_weights(model: torch.nn.Module) -> bool:
-    """True when every Linear holds a plain float tensor (what the fast sampler needs)."""
-    for module in model.modules():
-        if _is_dynamic_linear(module):
-            return False
-        if isinstance(module, torch.nn.Linear) and not _is_plain(module.weight.data):
-            return False
-    return True
+    """True when every Linear holds a plain float tensor. The sampler's compact decoder
+    concatenates raw ``.weight`` tensors, so it is only used for such models; quantized
+    ones fall back to the transformers forward pass automatically."""
+    from .sampling import has_plain_linear_weights
 
-
-@contextlib.contextmanager
-def transformers_decoding() -> Iterator[None]:
-    """Make :func:`grpo_course.sampling.sample_completions` (and so ``evaluate_model``) use
-    the transformers forward pass for quantized models.
-
-    The sampler's compact Llama decoder concatenates the raw ``.weight`` tensors of q/k/v and
-    gate/up; a dynamic INT8 Linear has no ``.weight`` tensor (it is a method) and torchao's
-    ``Int8Tensor`` does not implement ``aten.cat``. Inside this context the fast path is only
-    chosen for models whose Linear weights are plain tensors.
-    """
-    from . import sampling
-
-    original = sampling.supports_fast_path
-    sampling.supports_fast_path = lambda model: original(model) and has_plain_weights(model)
-    try:
-        yield
-    finally:
-        sampling.supports_fast_path = original
+    return has_plain_linear_weights(model)
 
 
 # ---------------------------------------------------------------- sizes

@@ -73,12 +73,27 @@ def _base(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def has_plain_linear_weights(model: torch.nn.Module) -> bool:
+    """True when every Linear holds a plain float tensor (not a quantized one)."""
+    for module in model.modules():
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            return False          # dynamic INT8: packed params, `.weight` is a method
+        if isinstance(module, torch.nn.Linear):
+            w = module.weight.data
+            if type(w) not in (torch.Tensor, torch.nn.Parameter) or w.is_quantized:
+                return False      # e.g. torchao's Int8Tensor (no aten.cat)
+    return True
+
+
 def supports_fast_path(model) -> bool:
-    """True for Llama-style decoders without biases (the bundled model)."""
+    """True for Llama-style decoders without biases whose Linear weights are plain float
+    tensors (the bundled model, with or without LoRA); quantized models take the
+    transformers path."""
     cfg = getattr(model, "config", None)
     return (getattr(cfg, "model_type", None) in ("llama", "mistral")
             and not getattr(cfg, "attention_bias", False) and not getattr(cfg, "mlp_bias", False)
-            and getattr(cfg, "hidden_act", "silu") == "silu")
+            and getattr(cfg, "hidden_act", "silu") == "silu"
+            and has_plain_linear_weights(model))
 
 
 class FastLlama:

@@ -91,9 +91,7 @@ def test_fast_sampler_is_skipped_for_quantized_models():
 
     fp32, q = tiny_llama(), Q.quantize(tiny_llama(), "dynamic")
     assert Q.has_plain_weights(fp32) and not Q.has_plain_weights(q)
-    with Q.transformers_decoding():
-        assert sampling.supports_fast_path(fp32) and not sampling.supports_fast_path(q)
-    assert sampling.supports_fast_path(q)      # restored afterwards
+    assert sampling.supports_fast_path(fp32) and not sampling.supports_fast_path(q)
 
 
 def test_bad_input_is_readable(tmp_path):
