@@ -15,6 +15,8 @@ export GSM8K_DIR
 SMOKE_SRC := .smoke-book
 # (not under _build/: nbmake skips any path containing "_build")
 NBMAKE_TIMEOUT ?= 1800
+# A kernel started with MPLBACKEND=Agg shows no figures (plt.show() draws nothing into the page).
+unexport MPLBACKEND
 
 .PHONY: help install model unit nbmake-smoke browser book-smoke test book bench clean
 

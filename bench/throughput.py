@@ -53,14 +53,16 @@ def worker_ours(G: int, completions: int, length: int, steps: int) -> dict:
     P = cfg.prompts_per_step
     data = load_gsm8k("train", limit=P * (steps + 1))
     trainer = CourseTrainer(model, tok, cfg, data)
-    secs, toks = [], []
+    secs, toks, skipped = [], [], 0
     for i in range(steps + 1):
         rows = data.select(range(i * P, (i + 1) * P))
         row = trainer.step({k: rows[k] for k in ("question", "answer")})
         if i:  # step 0 is the warm-up
             secs.append(row["step_seconds"])
             toks.append(row["sampled_tokens"])
-    return summarize(secs, toks, completions)
+            skipped += bool(row["skipped"])
+    # a step whose groups all have zero reward variance has no gradient: ours skips its backward
+    return {**summarize(secs, toks, completions), "skipped_backward_steps": skipped}
 
 
 def worker_sampling(sequences: int, length: int) -> dict:

@@ -31,9 +31,20 @@ def cache_dir() -> Path:
     return Path(root).expanduser()
 
 
-def runs_dir() -> Path:
-    """Where chapters keep trained models and logs: ``cache_dir()/runs`` (outside the repo)."""
-    return cache_dir() / "runs"
+def runs_dir(profile: str | None = None) -> Path:
+    """Where chapters keep trained models and logs: ``cache_dir()/runs/<profile>``.
+
+    Outside the repository, and one folder per profile, so a smoke run never
+    stands in for a full one (chapter 6 reuses chapter 3's policy from here).
+    """
+    from .config import get_profile
+
+    return cache_dir() / "runs" / get_profile(profile).name
+
+
+def project_root() -> Path:
+    """The checkout holding ``grpo_course`` (the package is installed with ``pip install -e .``)."""
+    return Path(__file__).resolve().parents[1]
 
 
 def set_threads(n: int | None = None) -> int:
