@@ -23,7 +23,7 @@ unexport MPLBACKEND
 help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
 	@echo "make test   - unit tests + notebooks on the smoke profile + book build (what CI runs)"
-	@echo "make bench  - throughput benchmark (ours vs TRL), one JSON line"
+	@echo "make bench  - throughput benchmark (ours vs TRL, cost sweep), one JSON line -> data/throughput.json"
 
 install: $(STAMP)
 
@@ -73,7 +73,7 @@ book: model
 	@echo "open _build/html/index.html"
 
 bench: model
-	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/throughput.py --sweep
 
 clean:
 	rm -rf _build $(SMOKE_SRC)

@@ -16,6 +16,7 @@ import json
 import os
 import resource
 import statistics
+import platform
 import subprocess
 import sys
 import time
@@ -52,7 +53,8 @@ def worker_ours(G: int, completions: int, length: int, steps: int) -> dict:
     model, tok = load_model(cfg.model)
     P = cfg.prompts_per_step
     data = load_gsm8k("train", limit=P * (steps + 1))
-    trainer = CourseTrainer(model, tok, cfg, data)
+    # the same work as TRL: a backward pass every step, even when no group has reward variance
+    trainer = CourseTrainer(model, tok, cfg, data, skip_zero_variance=False)
     secs, toks, skipped = [], [], 0
     for i in range(steps + 1):
         rows = data.select(range(i * P, (i + 1) * P))
@@ -61,7 +63,6 @@ def worker_ours(G: int, completions: int, length: int, steps: int) -> dict:
             secs.append(row["step_seconds"])
             toks.append(row["sampled_tokens"])
             skipped += bool(row["skipped"])
-    # a step whose groups all have zero reward variance has no gradient: ours skips its backward
     return {**summarize(secs, toks, completions), "skipped_backward_steps": skipped}
 
 
@@ -145,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"config": {"num_generations": a.num_generations,
                                "completions_per_step": a.completions,
                                "max_completion_length": a.length, "timed_steps": a.steps,
-                               "threads": len(os.sched_getaffinity(0))}}
+                               "threads": len(os.sched_getaffinity(0))},
+                     "measured": {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
+                                  "cpus": os.cpu_count()}}
     if a.only in (None, "ours"):
         result["ours"] = spawn(["--worker", "ours", *base], a.timeout)
     if a.only in (None, "trl"):
@@ -164,6 +167,13 @@ def main(argv: list[str] | None = None) -> int:
                          "--length", str(length), "--steps", "2"], a.timeout)
             sweep.append({"num_generations": G, "completions": 2 * G, "length": length, **res})
         result["sweep"] = sweep
+    errors = [k for k, v in result.items() if isinstance(v, dict) and "error" in v]
+    errors += [f"sweep G={r['num_generations']} length={r['length']}"
+               for r in result.get("sweep", []) if "error" in r]
+    if errors:  # keep the last good file; say what failed
+        print(json.dumps(result))
+        print(f"benchmark failed ({', '.join(errors)}); {a.out} left unchanged", file=sys.stderr)
+        return 1
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(out.read_text()) if out.is_file() else {}

@@ -49,6 +49,7 @@ class GRPOConfig:
     scale_rewards: str = "group"        # group | batch | none
     temperature: float = 1.0
     top_p: float = 1.0
+    sampling_dtype: str = "auto"        # sampler weights: auto (bf16 on bf16-capable CPUs) | float32 | bfloat16
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     use_lora: bool = True
@@ -78,6 +79,9 @@ class GRPOConfig:
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ConfigError(
                 f"scale_rewards must be group, batch or none; got {self.scale_rewards!r}")
+        if self.sampling_dtype not in ("auto", "float32", "bfloat16"):
+            raise ConfigError(
+                f"sampling_dtype must be auto, float32 or bfloat16; got {self.sampling_dtype!r}")
         if self.max_steps < 0 or self.sft_steps < 0:
             raise ConfigError("max_steps and sft_steps must be >= 0")
 

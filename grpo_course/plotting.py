@@ -1,10 +1,11 @@
-"""Figures for a training run's metrics log (``metrics.jsonl`` from :mod:`grpo_course.train`)."""
+"""Figures for a training run's metrics log (``metrics.jsonl`` from :mod:`grpo_course.train`)
+and for the throughput benchmark's results (``data/throughput.json`` from ``bench/throughput.py``)."""
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 DEFAULT_KEYS = ("reward", "rewards/correctness", "rewards/exact_format", "completion_length",
                 "kl", "entropy", "loss", "frac_reward_zero_std", "step_seconds")
@@ -60,5 +61,55 @@ def plot_metrics(source, keys: Sequence[str] = DEFAULT_KEYS, window: int = 5, ru
         ax.axis("off")
     if len(data) > 1:
         axes.flat[0].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def read_throughput(path, flat: bool = True) -> dict[str, Any] | None:
+    """The JSON that ``bench/throughput.py`` writes; ``None`` when it does not exist yet.
+
+    ``flat=True`` keeps the numbers only, keyed ``"ours/completions_per_s"`` and so on;
+    ``flat=False`` returns the file as written (with the ``sweep`` list).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    raw = json.loads(path.read_text())
+    if not flat:
+        return raw
+    out: dict[str, float] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{prefix}/{key}" if prefix else str(key))
+        elif isinstance(node, (int, float)) and not isinstance(node, bool):
+            out[prefix] = float(node)
+
+    walk(raw, "")
+    return out
+
+
+def plot_cost_curve(sweep: Sequence[dict], length: int = 128, num_generations: int = 4):
+    """Seconds per step against G (at ``length`` tokens) and against the completion budget (at
+    ``num_generations``), from the ``sweep`` rows of ``bench/throughput.py --sweep``."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in sweep if "s_per_step" in r]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3))
+    for ax, key, fixed, value, label in (
+            (axes[0], "num_generations", "length", length, f"G (2 prompts, {length} tokens)"),
+            (axes[1], "length", "num_generations", num_generations,
+             f"max completion tokens (G={num_generations})")):
+        pts = sorted((r[key], r["s_per_step"], r.get("completions_per_s", float("nan")))
+                     for r in rows if r[fixed] == value)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+            for x, y, c in pts:
+                ax.annotate(f"{c:.2f}/s", (x, y), textcoords="offset points", xytext=(4, 4),
+                            fontsize=7)
+        ax.set(xlabel=label, ylabel="seconds per step")
+    axes[0].set_title("cost vs group size (labels: completions/s)", fontsize=9)
+    axes[1].set_title("cost vs completion budget", fontsize=9)
     fig.tight_layout()
     return fig

@@ -4,8 +4,14 @@
 :mod:`grpo_course.rewards` and :mod:`grpo_course.grpo`. It trains LoRA adapters
 (``peft``) by default, keeps no reference model when ``beta == 0`` (with ``beta > 0``
 the reference is the same weights with the adapter switched off), reuses the
-sampler's log-probs as ``old_per_token_logps`` (one update per batch), logs one
+sampler's log-probs as ``old_per_token_logps`` (one update per batch) when it samples
+at the policy's precision, logs one
 JSON row per step, and writes checkpoints atomically.
+
+When the sampler decodes in bf16 (``sampling_dtype``, the default on CPUs with native
+bf16), its log-probs differ slightly from the fp32 policy's; then, as TRL does when each
+batch is used once, ``old_per_token_logps`` is the policy's own log-probs detached (ratio
+1, no extra forward pass either), and the gap is logged as ``sampler_logp_gap``.
 
 CLI: ``python -m grpo_course.train --profile full --out DIR`` trains and saves an
 adapter folder that :func:`grpo_course.models.load_model` loads.
@@ -28,7 +34,7 @@ import torch
 from .config import ConfigError, GRPOConfig, get_profile
 from .data import chat_prompts, sft_text
 from .grpo import group_advantages, grpo_loss, per_token_logps, zero_std_groups
-from .sampling import sample_completions
+from .sampling import resolve_sampling_dtype, sample_completions
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
 SFT_MAX_TOKENS = 256
@@ -80,7 +86,7 @@ class CourseTrainer:
 
     def __init__(self, model, tokenizer, config: GRPOConfig, train_dataset,
                  reward_funcs: dict[str, Callable] | None = None, out_dir=None,
-                 penalty: Callable | None = None, timer=None):
+                 penalty: Callable | None = None, timer=None, skip_zero_variance: bool = True):
         if len(train_dataset) == 0:
             raise ConfigError("train_dataset is empty")
         self.config, self.tokenizer, self.dataset = config, tokenizer, train_dataset
@@ -92,6 +98,8 @@ class CourseTrainer:
             raise ConfigError(f"reward_weights names {missing}, absent from reward_funcs")
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.penalty, self.timer = penalty, timer
+        # a batch whose advantages are all 0 has no gradient: skip its backward (False: always run it)
+        self.skip_zero_variance = skip_zero_variance
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate,
                                            weight_decay=config.weight_decay)
@@ -173,7 +181,8 @@ class CourseTrainer:
         with self._phase("sampling"):
             batch = sample_completions(self.model, self.tokenizer, prompts, G,
                                        cfg.max_completion_length, cfg.temperature, cfg.top_p,
-                                       seed=cfg.seed * 1_000_003 + self.global_step)
+                                       seed=cfg.seed * 1_000_003 + self.global_step,
+                                       sampling_dtype=cfg.sampling_dtype)
         sampled = time.perf_counter()
         with self._phase("rewards"):
             answers = [a for a in rows["answer"] for _ in range(G)]
@@ -189,15 +198,18 @@ class CourseTrainer:
                 with torch.no_grad(), self._reference():
                     ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
                                           batch.completion_ids, mask, cfg.temperature)
-        learn = bool(advantages.abs().max() > 0) or cfg.beta != 0.0 or self.penalty is not None
+        learn = bool(advantages.abs().max() > 0) or cfg.beta != 0.0 or self.penalty is not None \
+            or not self.skip_zero_variance
         metrics: dict[str, Any] = {"kl": 0.0, "entropy": float("nan"), "loss": 0.0}
         with self._phase("forward_backward"):
             if learn:
                 logps, entropy = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
                                                  batch.completion_ids, mask, cfg.temperature,
                                                  return_entropy=True)
+                exact = resolve_sampling_dtype(cfg.sampling_dtype) in (None, logps.dtype)
+                old = batch.sampling_logps if exact else logps.detach()
                 loss, metrics = grpo_loss(
-                    logps, batch.sampling_logps, advantages, mask, ref_per_token_logps=ref,
+                    logps, old, advantages, mask, ref_per_token_logps=ref,
                     beta=cfg.beta, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
                     loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length)
                 if self.penalty is not None:
@@ -207,6 +219,8 @@ class CourseTrainer:
                 loss.backward()
                 metrics["loss"] = float(loss.detach())
                 metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+                gap = (logps.detach() - batch.sampling_logps).abs() * mask
+                metrics["sampler_logp_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
         with self._phase("optimizer"):
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm) \
                 if learn else torch.tensor(0.0)

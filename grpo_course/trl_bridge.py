@@ -263,25 +263,3 @@ def save_and_merge(run: TRLRun, adapter_dir: str | os.PathLike):
     merged = model.merge_and_unload()
     merged.eval()
     return merged
-
-
-def read_throughput(path: str | os.PathLike) -> dict[str, float] | None:
-    """The numbers of a throughput JSON file (``bench/throughput.py`` writes one), flattened
-    to ``{"a/b": value}``; ``None`` when the file does not exist yet."""
-    import json
-    from pathlib import Path
-
-    path = Path(path)
-    if not path.is_file():
-        return None
-    flat: dict[str, float] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{prefix}/{key}" if prefix else str(key))
-        elif isinstance(node, (int, float)) and not isinstance(node, bool):
-            flat[prefix] = float(node)
-
-    walk(json.loads(path.read_text()), "")
-    return flat

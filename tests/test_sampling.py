@@ -141,3 +141,30 @@ def test_bad_arguments(tiny):
         sample_completions(model, tok, PROMPTS, 0, 10)
     with pytest.raises(ValueError):
         sample_completions(model, tok, PROMPTS, 2, 0)
+
+
+def test_bf16_sampler_stays_close_to_fp32(tiny):
+    """The bf16 weight snapshot (the fast CPU default) decodes the same model: greedy tokens
+    agree, and the per-token log-probs differ by bf16 rounding only."""
+    model, tok = tiny
+    a = sample_completions(model, tok, PROMPTS, 1, 12, temperature=0.0, fast=True)
+    b = sample_completions(model, tok, PROMPTS, 1, 12, temperature=0.0, fast=True,
+                           sampling_dtype="bfloat16")
+    assert b.sampling_logps.dtype == torch.float32
+    agree = (a.completion_ids == b.completion_ids).float().mean()
+    assert agree >= 0.75, agree
+    first = a.sampling_logps[:, 0] - b.sampling_logps[:, 0]
+    assert first.abs().max() < 0.1, first
+    s1 = sample_completions(model, tok, PROMPTS, 2, 8, seed=3, sampling_dtype="bfloat16")
+    s2 = sample_completions(model, tok, PROMPTS, 2, 8, seed=3, sampling_dtype="bfloat16")
+    assert torch.equal(s1.completion_ids, s2.completion_ids)
+
+
+def test_sampling_dtype_names():
+    from grpo_course.sampling import resolve_sampling_dtype
+    assert resolve_sampling_dtype(None) is None
+    assert resolve_sampling_dtype("float32") is torch.float32
+    assert resolve_sampling_dtype("bfloat16") is torch.bfloat16
+    assert resolve_sampling_dtype("auto") in (None, torch.bfloat16)
+    with pytest.raises(ValueError, match="sampling_dtype"):
+        resolve_sampling_dtype("fp8")

@@ -1,0 +1,35 @@
+"""Benchmark-result helpers: reading data/throughput.json and the cost-curve figure."""
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from grpo_course.plotting import plot_cost_curve, read_throughput
+
+RESULT = {"config": {"num_generations": 4, "threads": 2},
+          "ours": {"s_per_step": 10.0, "completions_per_s": 0.8, "step_seconds": [9.0, 10.0],
+                   "skipped_backward_steps": 1},
+          "trl": {"s_per_step": 40.0, "completions_per_s": 0.2},
+          "ratio": 4.0, "ok": True,
+          "sweep": [{"num_generations": g, "length": n, "s_per_step": g * n / 100,
+                     "completions_per_s": 2 * g / (g * n / 100)}
+                    for g, n in [(2, 128), (4, 128), (8, 128), (4, 32), (4, 64)]]}
+
+
+def test_read_throughput_flattens_numbers_and_keeps_the_raw_file(tmp_path):
+    path = tmp_path / "throughput.json"
+    assert read_throughput(path) is None
+    path.write_text(json.dumps(RESULT))
+    flat = read_throughput(path)
+    assert flat["ours/completions_per_s"] == 0.8 and flat["ratio"] == 4.0
+    assert flat["config/threads"] == 2.0
+    assert "ok" not in flat and not any(k.startswith("sweep") for k in flat)  # no bools, no lists
+    assert read_throughput(path, flat=False) == RESULT
+
+
+def test_cost_curve_has_one_point_per_matching_sweep_row():
+    fig = plot_cost_curve(RESULT["sweep"])
+    by_g, by_len = (ax.lines[0].get_xydata().tolist() for ax in fig.axes)
+    assert by_g == [[2, 2.56], [4, 5.12], [8, 10.24]]
+    assert by_len == [[32, 1.28], [64, 2.56], [128, 5.12]]
