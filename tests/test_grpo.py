@@ -302,3 +302,21 @@ def test_unknown_reward_name():
     with pytest.raises(ConfigError, match="unknown reward"):
         CourseTrainer(tiny_model(), tiny_tokenizer(), GRPOConfig(reward_weights={"nope": 1.0}),
                       datasets.Dataset.from_list(ROWS))
+
+
+def test_zero_variance_batch_skips_backward_unless_asked():
+    from grpo_course.train import CourseTrainer
+    import datasets
+    constant = {"const": lambda completions, **kw: [1.0] * len(completions)}
+    cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=4,
+                     lora_r=4, lora_alpha=8, reward_weights={"const": 1.0},
+                     lora_target_modules=("q_proj", "v_proj"))
+    rows = datasets.Dataset.from_list(ROWS)
+    lazy = CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, rows, reward_funcs=constant)
+    row = lazy.step(lazy._rows(0, 2))
+    assert row["skipped"] and row["grad_norm"] == 0.0 and math.isnan(row["entropy"])
+    eager = CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, rows, reward_funcs=constant,
+                          skip_zero_variance=False)
+    row = eager.step(eager._rows(0, 2))
+    assert not row["skipped"] and row["loss"] == pytest.approx(0.0, abs=1e-7)
+    assert not math.isnan(row["entropy"]) and row["sampler_logp_gap"] >= 0.0
