@@ -66,8 +66,9 @@ def worker_ours(G: int, completions: int, length: int, steps: int) -> dict:
     return {**summarize(secs, toks, completions), "skipped_backward_steps": skipped}
 
 
-def worker_sampling(sequences: int, length: int) -> dict:
-    """Decode speed at ``sequences`` rows (8 prompts x G), temperature 1, no EOS stop bias."""
+def worker_sampling(sequences: int, length: int, dtype: str = "auto") -> dict:
+    """Decode speed at ``sequences`` rows (8 prompts x G), temperature 1, no EOS stop bias,
+    with the sampler's weights in ``dtype`` (``auto`` = what the trainer uses)."""
     from grpo_course.data import chat_prompts, load_gsm8k
     from grpo_course.models import load_model
     from grpo_course.sampling import sample_completions
@@ -75,11 +76,11 @@ def worker_sampling(sequences: int, length: int) -> dict:
     model, tok = load_model()
     prompts = chat_prompts(load_gsm8k("train", limit=8)["question"], tok)
     G = sequences // len(prompts)
-    sample_completions(model, tok, prompts, G, 8, seed=0)  # warm-up
+    sample_completions(model, tok, prompts, G, 8, seed=0, sampling_dtype=dtype)  # warm-up
     start = time.perf_counter()
-    s = sample_completions(model, tok, prompts, G, length, seed=1)
+    s = sample_completions(model, tok, prompts, G, length, seed=1, sampling_dtype=dtype)
     secs = time.perf_counter() - start
-    return {"sequences": sequences, "decode_steps": s.completion_ids.shape[1], "seconds": secs,
+    return {"sequences": sequences, "sampling_dtype": dtype, "decode_steps": s.completion_ids.shape[1], "seconds": secs,
             "tokens_per_s": float(s.completion_mask.sum()) / secs,
             "slot_tokens_per_s": sequences * s.completion_ids.shape[1] / secs}
 
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "data" / "throughput.json"))
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--worker", choices=["ours", "trl", "sampling"], help=argparse.SUPPRESS)
+    p.add_argument("--dtype", default="auto", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:  # inside a subprocess
         from grpo_course.models import set_threads
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         elif a.worker == "trl":
             res = worker_trl(a.num_generations, a.completions, a.length, a.steps)
         else:
-            res = worker_sampling(a.completions, a.length)
+            res = worker_sampling(a.completions, a.length, a.dtype)
         print(json.dumps(res))
         return 0
 
@@ -158,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         result["ratio"] = result["ours"]["completions_per_s"] / result["trl"]["completions_per_s"]
         result["rss_ratio"] = result["ours"]["peak_rss_mib"] / result["trl"]["peak_rss_mib"]
     if a.only in (None, "sampling"):
-        result["sampling_32"] = spawn(["--worker", "sampling", "--completions", "32",
-                                       "--length", str(a.length)], a.timeout)
+        for key, dtype in (("sampling_32", "auto"), ("sampling_32_fp32", "float32")):
+            result[key] = spawn(["--worker", "sampling", "--completions", "32",
+                                 "--length", str(a.length), "--dtype", dtype], a.timeout)
     if a.sweep:
         sweep = []
         for G, length in [(2, 128), (4, 128), (8, 128), (4, 32), (4, 64), (4, 256)]:
