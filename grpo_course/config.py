@@ -13,6 +13,7 @@ from typing import Any
 PROFILE_ENV = "GRPO_COURSE_PROFILE"
 PROFILE_NAMES = ("smoke", "full")
 DEFAULT_MODEL = "smollm2-135m-instruct"
+SAMPLING_DTYPES = ("auto", "float32", "bfloat16")   # GRPOConfig.sampling_dtype (see sampling)
 
 
 class ConfigError(ValueError):
@@ -79,9 +80,9 @@ class GRPOConfig:
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ConfigError(
                 f"scale_rewards must be group, batch or none; got {self.scale_rewards!r}")
-        if self.sampling_dtype not in ("auto", "float32", "bfloat16"):
-            raise ConfigError(
-                f"sampling_dtype must be auto, float32 or bfloat16; got {self.sampling_dtype!r}")
+        if self.sampling_dtype not in SAMPLING_DTYPES:
+            raise ConfigError(f"sampling_dtype must be one of {', '.join(SAMPLING_DTYPES)}; "
+                              f"got {self.sampling_dtype!r}")
         if self.max_steps < 0 or self.sft_steps < 0:
             raise ConfigError("max_steps and sft_steps must be >= 0")
 

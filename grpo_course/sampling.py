@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .config import SAMPLING_DTYPES
+
 
 @dataclass
 class SampleBatch:
@@ -40,6 +42,7 @@ class SampleBatch:
     completions: list[str]          # decoded text, special tokens removed
     num_generations: int
     truncated: torch.Tensor         # [P*G] True where the length limit came before EOS
+    sampling_dtype: torch.dtype = torch.float32   # precision of the weights that drew the tokens
 
     @property
     def completion_lengths(self) -> torch.Tensor:
@@ -108,9 +111,9 @@ def resolve_sampling_dtype(name: str | torch.dtype | None) -> torch.dtype | None
     if name == "auto":
         native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
         return torch.bfloat16 if native else None
-    if name in ("float32", "bfloat16"):
+    if name in SAMPLING_DTYPES:
         return getattr(torch, name)
-    raise ValueError(f"sampling_dtype must be auto, float32 or bfloat16; got {name!r}")
+    raise ValueError(f"sampling_dtype must be one of {', '.join(SAMPLING_DTYPES)}; got {name!r}")
 
 
 def supports_fast_path(model) -> bool:
@@ -281,9 +284,10 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
     G, (P, Lp) = num_generations, prompt_ids.shape
     B = P * G
     use_fast = supports_fast_path(_base(model)) if fast is None else fast
-    dtype = resolve_sampling_dtype(sampling_dtype) if use_fast else None
+    dtype = (resolve_sampling_dtype(sampling_dtype) if use_fast else None) \
+        or next(model.parameters()).dtype
     decoder = FastLlama(model, dtype) if use_fast else _HFDecoder(model)
-    decoder.allocate(B, Lp + max_new_tokens, dtype or next(model.parameters()).dtype)
+    decoder.allocate(B, Lp + max_new_tokens, dtype)
 
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     logits = decoder.prefill(prompt_ids, prompt_mask, positions, G)
@@ -316,4 +320,5 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
     return SampleBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
                        completion_ids=completion_ids, completion_mask=completion_mask,
                        sampling_logps=logps_out[:, :T], completions=texts,
-                       num_generations=num_generations, truncated=alive.clone())
+                       num_generations=num_generations, truncated=alive.clone(),
+                       sampling_dtype=dtype)

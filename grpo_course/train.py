@@ -34,7 +34,7 @@ import torch
 from .config import ConfigError, GRPOConfig, get_profile
 from .data import chat_prompts, sft_text
 from .grpo import group_advantages, grpo_loss, per_token_logps, zero_std_groups
-from .sampling import resolve_sampling_dtype, sample_completions
+from .sampling import sample_completions
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
 SFT_MAX_TOKENS = 256
@@ -206,7 +206,8 @@ class CourseTrainer:
                 logps, entropy = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
                                                  batch.completion_ids, mask, cfg.temperature,
                                                  return_entropy=True)
-                exact = resolve_sampling_dtype(cfg.sampling_dtype) in (None, logps.dtype)
+                # the sampler's log-probs are the old policy's only if it sampled at our precision
+                exact = batch.sampling_dtype == logps.dtype
                 old = batch.sampling_logps if exact else logps.detach()
                 loss, metrics = grpo_loss(
                     logps, old, advantages, mask, ref_per_token_logps=ref,

@@ -151,6 +151,7 @@ def test_bf16_sampler_stays_close_to_fp32(tiny):
     b = sample_completions(model, tok, PROMPTS, 1, 12, temperature=0.0, fast=True,
                            sampling_dtype="bfloat16")
     assert b.sampling_logps.dtype == torch.float32
+    assert (a.sampling_dtype, b.sampling_dtype) == (torch.float32, torch.bfloat16)
     agree = (a.completion_ids == b.completion_ids).float().mean()
     assert agree >= 0.75, agree
     first = a.sampling_logps[:, 0] - b.sampling_logps[:, 0]
