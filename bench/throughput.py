@@ -7,7 +7,11 @@
 Each trainer runs in its own subprocess (so peak RSS is its own): one warm-up step,
 then ``--steps`` timed steps on the same GSM8K train prompts, with the same model
 (bundled, fp32), LoRA, G, completions per step, completion budget and rewards.
-Results are also written to ``data/throughput.json`` for chapter 3's plots.
+``ours`` is the trainer as shipped: with beta = 0 it leaves groups whose rewards are all
+equal out of the training pass (their gradient is exactly 0; the update is unchanged).
+``ours_all_groups`` runs the training pass on every group, i.e. the same FLOPs as TRL;
+the sweep (cost curve) uses that mode. Results are also written to
+``data/throughput.json`` for chapter 3's plots.
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ def summarize(seconds: list[float], tokens: list[int], completions: int) -> dict
             "step_seconds": seconds, "peak_rss_mib": peak_rss_mib()}
 
 
-def worker_ours(G: int, completions: int, length: int, steps: int) -> dict:
+def worker_ours(G: int, completions: int, length: int, steps: int, all_groups: bool) -> dict:
     from grpo_course.data import load_gsm8k
     from grpo_course.models import load_model
     from grpo_course.train import CourseTrainer
@@ -53,16 +57,19 @@ def worker_ours(G: int, completions: int, length: int, steps: int) -> dict:
     model, tok = load_model(cfg.model)
     P = cfg.prompts_per_step
     data = load_gsm8k("train", limit=P * (steps + 1))
-    # the same work as TRL: a backward pass every step, even when no group has reward variance
-    trainer = CourseTrainer(model, tok, cfg, data, skip_zero_variance=False)
-    secs, toks = [], []
+    # all_groups: the same training pass as TRL, even for groups with no reward variance;
+    # else the trainer's default, which leaves them out (the update is the same, see train.py)
+    trainer = CourseTrainer(model, tok, cfg, data, skip_zero_variance=not all_groups)
+    secs, toks, dropped = [], [], []
     for i in range(steps + 1):
         rows = data.select(range(i * P, (i + 1) * P))
         row = trainer.step({k: rows[k] for k in ("question", "answer")})
         if i:  # step 0 is the warm-up
             secs.append(row["step_seconds"])
             toks.append(row["sampled_tokens"])
-    return summarize(secs, toks, completions)
+            dropped.append(row["frac_groups_dropped"])
+    return {**summarize(secs, toks, completions),
+            "frac_groups_dropped": sum(dropped) / len(dropped)}
 
 
 def worker_sampling(sequences: int, length: int, dtype: str = "auto") -> dict:
@@ -129,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=3600)
     p.add_argument("--worker", choices=["ours", "trl", "sampling"], help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="auto", help=argparse.SUPPRESS)
+    p.add_argument("--all-groups", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker:  # inside a subprocess
         from grpo_course.models import set_threads
         set_threads()
         if a.worker == "ours":
-            res = worker_ours(a.num_generations, a.completions, a.length, a.steps)
+            res = worker_ours(a.num_generations, a.completions, a.length, a.steps, a.all_groups)
         elif a.worker == "trl":
             res = worker_trl(a.num_generations, a.completions, a.length, a.steps)
         else:
@@ -152,12 +160,15 @@ def main(argv: list[str] | None = None) -> int:
                                   "cpus": os.cpu_count()}}
     if a.only in (None, "ours"):
         result["ours"] = spawn(["--worker", "ours", *base], a.timeout)
+        result["ours_all_groups"] = spawn(["--worker", "ours", "--all-groups", *base], a.timeout)
     if a.only in (None, "trl"):
         result["trl"] = spawn(["--worker", "trl", *base], a.timeout)
     if "ours" in result and "trl" in result and "error" not in result["ours"] \
             and "error" not in result["trl"]:
-        result["ratio"] = result["ours"]["completions_per_s"] / result["trl"]["completions_per_s"]
-        result["rss_ratio"] = result["ours"]["peak_rss_mib"] / result["trl"]["peak_rss_mib"]
+        for suffix in ("", "_all_groups"):
+            ours = result["ours" + suffix]
+            result["ratio" + suffix] = ours["completions_per_s"] / result["trl"]["completions_per_s"]
+            result["rss_ratio" + suffix] = ours["peak_rss_mib"] / result["trl"]["peak_rss_mib"]
     if a.only in (None, "sampling"):
         for key, dtype in (("sampling_32", "auto"), ("sampling_32_fp32", "float32")):
             result[key] = spawn(["--worker", "sampling", "--completions", "32",
@@ -165,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.sweep:
         sweep = []
         for G, length in [(2, 128), (4, 128), (8, 128), (4, 32), (4, 64), (4, 256)]:
-            res = spawn(["--worker", "ours", "-G", str(G), "--completions", str(2 * G),
-                         "--length", str(length), "--steps", "2"], a.timeout)
+            res = spawn(["--worker", "ours", "--all-groups", "-G", str(G), "--completions",
+                         str(2 * G), "--length", str(length), "--steps", "2"], a.timeout)
             sweep.append({"num_generations": G, "completions": 2 * G, "length": length, **res})
         result["sweep"] = sweep
     errors = [k for k, v in result.items() if isinstance(v, dict) and "error" in v]

@@ -27,10 +27,14 @@ class EvalConfig:
     n: int = 256                # held-out test problems
     batch_size: int = 32        # prompts decoded together
     max_new_tokens: int = 256   # greedy completion budget
+    sampling_dtype: str = "auto"  # decoder weights: auto (bf16 on bf16-capable CPUs) | float32 | bfloat16
 
     def __post_init__(self) -> None:
         if self.n <= 0 or self.batch_size <= 0 or self.max_new_tokens <= 0:
             raise ConfigError(f"EvalConfig sizes must be positive, got {self}")
+        if self.sampling_dtype not in SAMPLING_DTYPES:
+            raise ConfigError(f"sampling_dtype must be one of {', '.join(SAMPLING_DTYPES)}; "
+                              f"got {self.sampling_dtype!r}")
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class GRPOConfig:
     sft_steps: int = 0                  # supervised warm-up steps on GSM8K train solutions
     sft_batch_size: int = 8
     sft_learning_rate: float = 5e-4
+    sft_dtype: str = "auto"             # SFT matmuls: auto (bf16 autocast on bf16-capable CPUs) | float32 | bfloat16
     train_offset: int = 0               # first GSM8K train row used
     seed: int = 0
     log_every: int = 1
@@ -80,9 +85,10 @@ class GRPOConfig:
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ConfigError(
                 f"scale_rewards must be group, batch or none; got {self.scale_rewards!r}")
-        if self.sampling_dtype not in SAMPLING_DTYPES:
-            raise ConfigError(f"sampling_dtype must be one of {', '.join(SAMPLING_DTYPES)}; "
-                              f"got {self.sampling_dtype!r}")
+        for name in ("sampling_dtype", "sft_dtype"):
+            if getattr(self, name) not in SAMPLING_DTYPES:
+                raise ConfigError(f"{name} must be one of {', '.join(SAMPLING_DTYPES)}; "
+                                  f"got {getattr(self, name)!r}")
         if self.max_steps < 0 or self.sft_steps < 0:
             raise ConfigError("max_steps and sft_steps must be >= 0")
 
@@ -177,7 +183,7 @@ PROFILES: dict[str, Profile] = {
         name="full",
         eval=EvalConfig(n=256, batch_size=32, max_new_tokens=200),
         # recipe: a LoRA SFT warm-up on GSM8K train solutions, then GRPO (see chapter 3)
-        grpo=GRPOConfig(sft_steps=200, sft_batch_size=4, sft_learning_rate=3e-4),
+        grpo=GRPOConfig(sft_steps=80, sft_batch_size=4, sft_learning_rate=5e-4, max_steps=20),
         n_inspect=7473, n_demo=3, reward_prompts=8, reward_max_new_tokens=160,
         extra={},
     ),

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import json
 import math
+import os
 import re
 import sys
 import time
+from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+import torch
+
+from .config import SAMPLING_DTYPES
 from .data import (SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k,
                    normalize_number)
 
@@ -83,6 +89,7 @@ class EvalResult:
     records: list[dict[str, Any]] = field(repr=False, default_factory=list)
     seconds: float = 0.0
     model: str = ""
+    cached: bool = False        # records reused from an identical earlier run (see evaluate_model)
 
     @property
     def accuracy(self) -> float:
@@ -121,24 +128,69 @@ class EvalResult:
                 "accuracy_ci95": list(self.accuracy_ci95), "format_rate": self.format_rate,
                 "format_ci95": list(self.format_ci95),
                 "mean_completion_tokens": sum(lengths) / len(lengths) if lengths else 0.0,
+                "cached": self.cached,
                 "by_stratum": self.by_stratum(), "seconds": round(self.seconds, 2)}
+
+
+def weights_fingerprint(model) -> str:
+    """A hash of every tensor in ``model.state_dict()`` (names, dtypes, shapes and bytes)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def _cache_file(key: dict[str, Any]) -> Path:
+    from .models import cache_dir
+
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return cache_dir() / "evals" / f"{name}.json"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_tokens: int = 256,
                    system_prompt: str = SYSTEM_PROMPT, progress: bool = True,
-                   name: str = "") -> EvalResult:
+                   name: str = "", sampling_dtype: str | None = "auto",
+                   cache: bool = False) -> EvalResult:
     """Greedy-decode every problem of ``dataset`` (from :func:`load_gsm8k`) and score it.
 
     Problems are batched by prompt length (less padding); records keep dataset order.
+    ``sampling_dtype`` is the decoder's weight precision (``"auto"``: bf16 on CPUs with
+    native bf16, see :func:`~grpo_course.sampling.resolve_sampling_dtype`; ``None`` or
+    ``"float32"``: the model's own). Greedy decoding is deterministic, so with ``cache=True``
+    the records are stored under ``cache_dir()/evals`` and reused when the weights (their
+    fingerprint), the prompts and the decoding settings are all identical.
     """
     from tqdm.auto import tqdm
 
-    from .sampling import sample_completions
+    from .sampling import resolve_sampling_dtype, sample_completions, supports_fast_path
 
     if batch_size <= 0 or max_new_tokens <= 0:
         raise ValueError("batch_size and max_new_tokens must be positive")
     rows = list(dataset)
     prompts = [chat_prompt(r["question"], tokenizer, system_prompt) for r in rows]
+    dtype = resolve_sampling_dtype(sampling_dtype) if supports_fast_path(model) else None
+    dtype = dtype or next(model.parameters()).dtype
+    key = path = None
+    if cache:
+        key = {"weights": weights_fingerprint(model), "prompts": prompts,
+               "gold": [r["answer"] for r in rows], "batch_size": batch_size,
+               "max_new_tokens": max_new_tokens, "dtype": str(dtype), "version": 1}
+        path = _cache_file(key)
+        if path.exists():
+            stored = json.loads(path.read_text(encoding="utf-8"))
+            done = stored["records"]
+            return EvalResult(n=len(done), correct=sum(r["correct"] for r in done),
+                              formatted=sum(r["formatted"] for r in done), records=done,
+                              seconds=stored["seconds"], model=name, cached=True)
     order = sorted(range(len(rows)), key=lambda i: len(prompts[i]))
     records: list[dict[str, Any] | None] = [None] * len(rows)
     start = time.perf_counter()
@@ -147,7 +199,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
         chunk = order[lo:lo + batch_size]
         batch = sample_completions(model, tokenizer, [prompts[i] for i in chunk],
                                    num_generations=1, max_new_tokens=max_new_tokens,
-                                   temperature=0.0)
+                                   temperature=0.0, sampling_dtype=dtype)
         lengths = batch.completion_lengths.tolist()
         for j, i in enumerate(chunk):
             row, text = rows[i], batch.completions[j]
@@ -161,14 +213,18 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
         bar.update(len(chunk))
     bar.close()
     done = [r for r in records if r is not None]
-    return EvalResult(n=len(done), correct=sum(r["correct"] for r in done),
-                      formatted=sum(r["formatted"] for r in done), records=done,
-                      seconds=time.perf_counter() - start, model=name)
+    result = EvalResult(n=len(done), correct=sum(r["correct"] for r in done),
+                        formatted=sum(r["formatted"] for r in done), records=done,
+                        seconds=time.perf_counter() - start, model=name)
+    if path is not None:
+        _write_atomic(path, json.dumps({"key": {k: v for k, v in key.items() if k != "prompts"},
+                                        "seconds": result.seconds, "records": done}))
+    return result
 
 
 def evaluate(model_name: str, split: str = "test", n: int = 200, offset: int = 0,
              data_dir: str | None = None, batch_size: int = 32, max_new_tokens: int = 256,
-             progress: bool = True) -> EvalResult:
+             progress: bool = True, sampling_dtype: str | None = "auto") -> EvalResult:
     """Load ``model_name`` (bundled name, folder or hub id) and evaluate it on
     ``n`` problems of ``split`` starting at row ``offset``."""
     from .models import load_model
@@ -176,7 +232,8 @@ def evaluate(model_name: str, split: str = "test", n: int = 200, offset: int = 0
     dataset = load_gsm8k(split, data_dir=data_dir, limit=n, offset=offset)
     model, tokenizer = load_model(model_name)
     return evaluate_model(model, tokenizer, dataset, batch_size=batch_size,
-                          max_new_tokens=max_new_tokens, progress=progress, name=model_name)
+                          max_new_tokens=max_new_tokens, progress=progress, name=model_name,
+                          sampling_dtype=sampling_dtype)
 
 
 def compare(a: EvalResult, b: EvalResult) -> dict[str, Any]:
@@ -208,6 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None, help="GSM8K folder (else $GSM8K_DIR, else hub)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--sampling-dtype", default="auto", choices=SAMPLING_DTYPES,
+                        help="decoder weight precision (auto: bf16 on CPUs with native bf16)")
     parser.add_argument("--csv", default=None, help="write per-problem records here")
     parser.add_argument("--compare", default=None, metavar="OTHER",
                         help="also evaluate OTHER on the same problems and test the difference "
@@ -221,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         for name in names:
             results.append(evaluate(name, args.split, args.n, args.offset, args.data_dir,
-                                    args.batch_size, args.max_new_tokens, progress=not args.json))
+                                    args.batch_size, args.max_new_tokens, progress=not args.json,
+                                    sampling_dtype=args.sampling_dtype))
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

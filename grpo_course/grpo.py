@@ -53,13 +53,15 @@ def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- 2. log-probs
-def _token_logps(logits: torch.Tensor, tokens: torch.Tensor,
-                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(token) and the entropy of each row of ``logits`` [N, V]."""
+def _token_logps(logits: torch.Tensor, tokens: torch.Tensor, temperature: float,
+                 with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(token) and (``with_entropy``) the entropy of each row of ``logits`` [N, V]."""
     logps = torch.log_softmax(logits.float() / temperature, dim=-1)
     picked = logps.gather(-1, tokens[:, None]).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(logps.exp() * logps).sum(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = -(logps.exp() * logps).sum(-1)
     return picked, entropy
 
 
@@ -98,7 +100,7 @@ def per_token_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     else:
         logits = first_logits[:, None]
     logps, entropy = _token_logps(logits.reshape(B * T, -1), completion_ids.reshape(-1),
-                                  temperature)
+                                  temperature, with_entropy=return_entropy)
     logps = logps.view(B, T)
     return (logps, entropy.view(B, T)) if return_entropy else logps
 

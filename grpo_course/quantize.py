@@ -64,6 +64,39 @@ def quiet_torchao() -> None:
         os.close(devnull)
 
 
+def cpu_int8_features() -> dict[str, Any]:
+    """What this CPU offers int8 and bf16 kernels: its name, torch's vector ISA level, and
+    the instruction sets that make int8 dot products (VNNI, AMX) and bf16 matmuls native."""
+    import platform
+
+    flags: set[str] = set()
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return {"cpu": name, "torch_isa": torch.backends.cpu.get_cpu_capability(),
+            "avx512_vnni": "avx512_vnni" in flags, "avx_vnni": "avx_vnni" in flags,
+            "avx512_bf16": "avx512_bf16" in flags or torch.cpu._is_avx512_bf16_supported(),
+            "amx": "amx_tile" in flags or torch.cpu._is_amx_tile_supported()}
+
+
+def describe_cpu(features: dict[str, Any] | None = None) -> str:
+    """One phrase for the prose, e.g. "AMD EPYC; torch ISA AVX512; int8 VNNI: yes; AMX: no"."""
+    f = features or cpu_int8_features()
+    yes = lambda b: "yes" if b else "no"
+    return (f"{f['cpu']}; torch kernels at {f['torch_isa']}; int8 dot products (VNNI): "
+            f"{yes(f['avx512_vnni'] or f['avx_vnni'])}; native bf16: {yes(f['avx512_bf16'])}; "
+            f"AMX: {yes(f['amx'])}")
+
+
 # ---------------------------------------------------------------- making the variants
 def quantize_dynamic_int8(model: torch.nn.Module, inplace: bool = False,
                           skip: Sequence[str] = ()) -> torch.nn.Module:

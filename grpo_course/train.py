@@ -34,10 +34,11 @@ import torch
 from .config import ConfigError, GRPOConfig, get_profile
 from .data import chat_prompts, sft_text
 from .grpo import group_advantages, grpo_loss, per_token_logps, zero_std_groups
-from .sampling import sample_completions
+from .sampling import resolve_sampling_dtype, sample_completions
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
 SFT_MAX_TOKENS = 256
+SFT_SORT_WINDOW = 8      # SFT steps whose rows are sorted by length together (less padding)
 
 
 def _default_rewards(weights: dict[str, float]) -> dict[str, Callable]:
@@ -47,6 +48,16 @@ def _default_rewards(weights: dict[str, float]) -> dict[str, Callable]:
         raise ConfigError(f"reward_weights names unknown reward(s) {unknown}; "
                           f"choose from {', '.join(REWARD_FUNCTIONS)}")
     return {n: REWARD_FUNCTIONS[n] for n in weights}
+
+
+def dropped_groups_scale(loss_type: str, rows_kept: torch.Tensor,
+                         completion_mask: torch.Tensor) -> float:
+    """Factor that turns a loss computed on the kept rows into the loss of the whole batch
+    when the dropped rows contribute exactly 0 (advantage 0, beta 0): the ``grpo`` and
+    ``dr_grpo`` means divide by the number of sequences, ``bnpo``/``dapo`` by real tokens."""
+    if loss_type in ("grpo", "dr_grpo"):
+        return float(rows_kept.sum()) / rows_kept.numel()
+    return float(completion_mask[rows_kept].sum()) / max(float(completion_mask.sum()), 1.0)
 
 
 def add_lora(model, config: GRPOConfig):
@@ -140,16 +151,32 @@ class CourseTrainer:
                              add_special_tokens=False, truncation=True, max_length=SFT_MAX_TOKENS)
         self.tokenizer.padding_side = "left"
         self.model.train()
-        logps = per_token_logps(self.model, enc["input_ids"], enc["attention_mask"],
-                                tgt["input_ids"], tgt["attention_mask"])
+        # bf16 autocast (``sft_dtype``): matmuls in bf16, weights, log-softmax and AdamW in fp32
+        dtype = resolve_sampling_dtype(self.config.sft_dtype)
+        with torch.autocast("cpu", dtype=torch.bfloat16,
+                            enabled=dtype == torch.bfloat16):
+            logps = per_token_logps(self.model, enc["input_ids"], enc["attention_mask"],
+                                    tgt["input_ids"], tgt["attention_mask"])
         mask = tgt["attention_mask"].float()
         loss = -(logps * mask).sum() / mask.sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return {"phase": "sft", "sft_step": self.sft_done, "loss": float(loss),
+        return {"phase": "sft", "sft_step": self.sft_done, "loss": float(loss.detach()),
                 "step_seconds": time.perf_counter() - start}
+
+    def _sft_rows(self, step: int, window: int = SFT_SORT_WINDOW) -> list[dict]:
+        """The rows of SFT step ``step``. SFT draws from the end of the shuffled order (GRPO
+        from the start), ``window`` steps' rows at a time, sorted by length and cut into batches:
+        rows of similar length share a batch, so little of it is padding."""
+        bs, first = self.config.sft_batch_size, (step // window) * window
+        ids = [self.order[-1 - ((first * bs + i) % len(self.order))] for i in range(window * bs)]
+        rows = list(self.dataset.select(ids)) if hasattr(self.dataset, "select") \
+            else [self.dataset[i] for i in ids]
+        rows.sort(key=lambda r: len(r["question"]) + len(r["solution"]))
+        k = step - first
+        return rows[k * bs:(k + 1) * bs]
 
     def sft(self, steps: int | None = None) -> list[dict]:
         """The supervised warm-up (``config.sft_steps`` steps, resumable)."""
@@ -161,11 +188,7 @@ class CourseTrainer:
                                       lr=self.config.sft_learning_rate)
         rows_out = []
         for _ in tqdm(range(self.sft_done, steps), desc="sft", leave=False):
-            # SFT draws from the end of the shuffled order, GRPO from the start
-            ids = [self.order[-1 - ((self.sft_done * self.config.sft_batch_size + i)
-                                    % len(self.order))] for i in range(self.config.sft_batch_size)]
-            picked = list(self.dataset.select(ids)) if hasattr(self.dataset, "select") \
-                else [self.dataset[i] for i in ids]
+            picked = self._sft_rows(self.sft_done)
             row = self.sft_step({k: [r[k] for r in picked] for k in picked[0]}, optimizer)
             self.sft_done += 1
             self._log(row)
@@ -198,42 +221,60 @@ class CourseTrainer:
                 with torch.no_grad(), self._reference():
                     ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
                                           batch.completion_ids, mask, cfg.temperature)
-        learn = bool(advantages.abs().max() > 0) or cfg.beta != 0.0 or self.penalty is not None \
-            or not self.skip_zero_variance
+        # With beta = 0 a group whose rewards are all equal has advantage 0 on every token, so its
+        # completions add exactly 0 to the loss and its gradient: leave them out of the forward
+        # and backward (``skip_zero_variance``) and rescale the loss so the update is unchanged.
+        zero = zero_std_groups(rewards, G)
+        keep = ~zero if (self.skip_zero_variance and cfg.beta == 0.0) else torch.ones_like(zero)
+        rows_kept = keep.repeat_interleave(G)
         metrics: dict[str, Any] = {"kl": 0.0, "entropy": float("nan"), "loss": 0.0}
+        loss = None
         with self._phase("forward_backward"):
-            if learn:
-                logps, entropy = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
-                                                 batch.completion_ids, mask, cfg.temperature,
-                                                 return_entropy=True)
+            if keep.any():
+                sub_mask = mask[rows_kept]
+                T = max(int(sub_mask.sum(1).max()), 1)        # kept completions may be shorter
+                sub_mask = sub_mask[:, :T]
+                logps, entropy = per_token_logps(self.model, batch.prompt_ids[keep],
+                                                 batch.prompt_mask[keep],
+                                                 batch.completion_ids[rows_kept, :T], sub_mask,
+                                                 cfg.temperature, return_entropy=True)
                 # the sampler's log-probs are the old policy's only if it sampled at our precision
+                sampler_logps = batch.sampling_logps[rows_kept, :T]
                 exact = batch.sampling_dtype == logps.dtype
-                old = batch.sampling_logps if exact else logps.detach()
+                old = sampler_logps if exact else logps.detach()
                 loss, metrics = grpo_loss(
-                    logps, old, advantages, mask, ref_per_token_logps=ref,
+                    logps, old, advantages[rows_kept], sub_mask,
+                    ref_per_token_logps=None if ref is None else ref[rows_kept, :T],
                     beta=cfg.beta, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
                     loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length)
-                if self.penalty is not None:
-                    extra = self.penalty(self.model)
-                    metrics["penalty"] = float(extra.detach())
-                    loss = loss + extra
-                loss.backward()
+                loss = loss * dropped_groups_scale(cfg.loss_type, rows_kept, mask)
+                metrics["entropy"] = float((entropy * sub_mask).sum() / sub_mask.sum().clamp(min=1))
+                gap = (logps.detach() - sampler_logps).abs() * sub_mask
+                metrics["sampler_logp_gap"] = float(gap.sum() / sub_mask.sum().clamp(min=1))
+            if self.penalty is not None:
+                extra = self.penalty(self.model)
+                metrics["penalty"] = float(extra.detach())
+                loss = extra if loss is None else loss + extra
+            if loss is not None:
+                if loss.requires_grad:
+                    loss.backward()
                 metrics["loss"] = float(loss.detach())
-                metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
-                gap = (logps.detach() - batch.sampling_logps).abs() * mask
-                metrics["sampler_logp_gap"] = float(gap.sum() / mask.sum().clamp(min=1))
         with self._phase("optimizer"):
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm) \
-                if learn else torch.tensor(0.0)
-            if learn:
-                self.optimizer.step()
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            for p in params:            # a skipped backward is a zero gradient: AdamW still steps
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+        learn = loss is not None
         seconds = time.perf_counter() - start
         n_tokens = int(mask.sum())
         row = {"phase": "grpo", "step": self.global_step, **metrics,
                "reward": float(rewards.mean()), "reward_std": float(rewards.std()),
                **{f"rewards/{n}": float(r.mean()) for n, r in per_func.items()},
-               "frac_reward_zero_std": float(zero_std_groups(rewards, G).float().mean()),
+               "frac_reward_zero_std": float(zero.float().mean()),
+               "frac_groups_dropped": float((~keep).float().mean()),
                "completion_length": float(mask.sum(1).float().mean()),
                "clipped_ratio": float(batch.truncated.float().mean()),
                "grad_norm": float(grad_norm), "skipped": not learn,

@@ -99,3 +99,30 @@ def test_compare_requires_same_problems():
     c = EvalResult(n=1, correct=1, formatted=1, records=[rec(5, True)])
     with pytest.raises(ValueError, match="same problems"):
         compare(a, c)
+
+
+def test_eval_cache_reuses_identical_runs_only(gsm8k_dir, tmp_path, monkeypatch):
+    """Greedy records are reused for the same weights, prompts and settings, recomputed otherwise."""
+    import torch
+
+    from grpo_course.data import load_gsm8k
+    from grpo_course.evaluate import evaluate_model, weights_fingerprint
+    from tests.test_sampling import tiny_model, tiny_tokenizer
+
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    model, tok = tiny_model(), tiny_tokenizer()
+    rows = load_gsm8k("test", data_dir=gsm8k_dir, limit=3)
+    run = lambda m, dtype="float32": evaluate_model(m, tok, rows, batch_size=2, max_new_tokens=6,
+                                                    progress=False, cache=True, sampling_dtype=dtype)
+    first = run(model)
+    again = run(model)
+    assert not first.cached and again.cached
+    assert again.records == first.records and again.seconds == first.seconds
+    assert len(list((tmp_path / "cache" / "evals").glob("*.json"))) == 1
+    assert not run(model, "bfloat16").cached     # other settings: recomputed
+    before = weights_fingerprint(model)
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] += 1.0                            # other weights: recomputed
+    assert weights_fingerprint(model) != before and not run(model).cached
+    fresh = evaluate_model(model, tok, rows, batch_size=2, max_new_tokens=6, progress=False)
+    assert not fresh.cached                                          # no cache unless asked

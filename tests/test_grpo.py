@@ -315,8 +315,40 @@ def test_zero_variance_batch_skips_backward_unless_asked():
     lazy = CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, rows, reward_funcs=constant)
     row = lazy.step(lazy._rows(0, 2))
     assert row["skipped"] and row["grad_norm"] == 0.0 and math.isnan(row["entropy"])
+    assert row["frac_groups_dropped"] == 1.0
     eager = CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, rows, reward_funcs=constant,
                           skip_zero_variance=False)
     row = eager.step(eager._rows(0, 2))
     assert not row["skipped"] and row["loss"] == pytest.approx(0.0, abs=1e-7)
     assert not math.isnan(row["entropy"]) and row["sampler_logp_gap"] >= 0.0
+    assert row["frac_groups_dropped"] == 0.0
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_dropping_zero_variance_groups_leaves_the_update_unchanged(loss_type):
+    """Group 0 has equal rewards (advantage 0), group 1 does not: computing only group 1
+    (and rescaling) gives the same loss and the same parameters after two steps."""
+    from grpo_course.train import CourseTrainer
+    import datasets
+    half = {"half": lambda completions, **kw: [1.0, 1.0, 0.0, 1.0][:len(completions)]}
+    cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=6,
+                     lora_r=4, lora_alpha=8, reward_weights={"half": 1.0}, learning_rate=1e-2,
+                     lora_target_modules=("q_proj", "v_proj"), loss_type=loss_type,
+                     sampling_dtype="float32")
+    data = datasets.Dataset.from_list(ROWS)
+    runs = {}
+    for skip in (True, False):
+        trainer = CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, data, reward_funcs=half,
+                                skip_zero_variance=skip)
+        losses = [trainer.step(trainer._rows(i, 2)) for i in range(2)]
+        params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()
+                  if p.requires_grad}
+        runs[skip] = (losses, params)
+    (lazy, p_lazy), (full, p_full) = runs[True], runs[False]
+    assert [r["frac_groups_dropped"] for r in lazy] == [0.5, 0.5]
+    assert [r["frac_groups_dropped"] for r in full] == [0.0, 0.0]
+    for a, b in zip(lazy, full):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4, abs=1e-7)
+    for name in p_full:
+        torch.testing.assert_close(p_lazy[name], p_full[name], rtol=1e-4, atol=1e-6)
