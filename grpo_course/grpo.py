@@ -13,6 +13,7 @@ The training loop that calls these lives in :mod:`grpo_course.train`.
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALES = ("group", "batch", "none")
@@ -53,16 +54,38 @@ def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- 2. log-probs
-def _token_logps(logits: torch.Tensor, tokens: torch.Tensor, temperature: float,
-                 with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log p(token) and (``with_entropy``) the entropy of each row of ``logits`` [N, V]."""
-    logps = torch.log_softmax(logits.float() / temperature, dim=-1)
-    picked = logps.gather(-1, tokens[:, None]).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = -(logps.exp() * logps).sum(-1)
-    return picked, entropy
+LOGITS_CHUNK = 256   # completion positions whose [chunk, vocab] logits exist at one time
+
+
+def _token_logps(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tensor,
+                 temperature: float, with_entropy: bool = True, softcap: float | None = None,
+                 chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(token) (and the entropy) for each row of ``hidden`` [N, H] under ``head``.
+
+    The vocabulary is large (49k for the bundled model), so the logits are made ``chunk``
+    rows at a time; with autograd on, each chunk is checkpointed: its logits are recomputed
+    in the backward pass instead of kept, so memory holds one chunk of logits, not N.
+    """
+    def piece(h: torch.Tensor, tok: torch.Tensor):
+        logits = head(h).float()
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        if temperature != 1.0:
+            logits = logits / temperature
+        logps = torch.log_softmax(logits, dim=-1)
+        picked = logps.gather(-1, tok[:, None]).squeeze(-1)
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = -(logps.exp() * logps).sum(-1)
+        return picked, entropy
+
+    chunk = chunk or LOGITS_CHUNK
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    parts = [torch.utils.checkpoint.checkpoint(piece, h, t, use_reentrant=False) if grad
+             else piece(h, t) for h, t in zip(hidden.split(chunk), tokens.split(chunk))]
+    picked = torch.cat([p for p, _ in parts])
+    return picked, torch.cat([e for _, e in parts]) if with_entropy else None
 
 
 def per_token_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -73,7 +96,8 @@ def per_token_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     ``prompt_ids`` is either ``[B, Lp]`` (one row per completion) or ``[P, Lp]`` with
     ``B = P * G``: then each prompt runs through the model once and its key/value cache
     is shared by its G completions (gradients still flow through the prompt positions).
-    Logits are computed only for the positions that predict completion tokens.
+    Logits are computed only for the positions that predict completion tokens, a chunk at
+    a time (:func:`_token_logps`).
     With ``return_entropy`` also returns the per-token entropy ``[B, T]`` (no grad).
     """
     B, T = completion_ids.shape
@@ -81,26 +105,27 @@ def per_token_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     if B % P:
         raise ValueError(f"{B} completions do not split over {P} prompts")
     G = B // P
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
     prompt_mask = prompt_mask.to(completion_mask.dtype)
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    # the prompt once; its last logits predict the first completion token
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
-                use_cache=True, logits_to_keep=1)
-    first_logits = out.logits[:, -1].repeat_interleave(G, 0)          # [B, V]
+    # the prompt once; its last hidden state predicts the first completion token
+    out = decoder(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
+                  use_cache=True)
+    first = out.last_hidden_state[:, -1:].repeat_interleave(G, 0)          # [B, 1, H]
     cache = out.past_key_values
     if G > 1:
         cache.batch_repeat_interleave(G)
     mask = torch.cat([prompt_mask.repeat_interleave(G, 0), completion_mask], 1)
     # completions: tokens 0..T-2 predict 1..T-1 (the last token predicts nothing we need)
     comp_pos = positions[:, -1:].repeat_interleave(G, 0) + 1 + torch.arange(T - 1)
+    hidden = first
     if T > 1:
-        out = model(input_ids=completion_ids[:, :-1], attention_mask=mask[:, :-1],
-                    position_ids=comp_pos, past_key_values=cache, use_cache=True)
-        logits = torch.cat([first_logits[:, None], out.logits], 1)       # [B, T, V]
-    else:
-        logits = first_logits[:, None]
-    logps, entropy = _token_logps(logits.reshape(B * T, -1), completion_ids.reshape(-1),
-                                  temperature, with_entropy=return_entropy)
+        out = decoder(input_ids=completion_ids[:, :-1], attention_mask=mask[:, :-1],
+                      position_ids=comp_pos, past_key_values=cache, use_cache=True)
+        hidden = torch.cat([first, out.last_hidden_state], 1)               # [B, T, H]
+    logps, entropy = _token_logps(head, hidden.reshape(B * T, -1), completion_ids.reshape(-1),
+                                  temperature, with_entropy=return_entropy,
+                                  softcap=getattr(model.config, "final_logit_softcapping", None))
     logps = logps.view(B, T)
     return (logps, entropy.view(B, T)) if return_entropy else logps
 

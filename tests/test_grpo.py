@@ -164,6 +164,27 @@ def test_per_token_logps_shared_prompt_equals_full_forward():
     torch.testing.assert_close(shared, repeated, atol=1e-5, rtol=1e-5)
 
 
+def test_chunked_logps_give_the_full_logits_gradient(monkeypatch):
+    """Logits made a few rows at a time (checkpointed) give the same values and gradients."""
+    import grpo_course.grpo as G_
+    model, tok = tiny_model(), tiny_tokenizer()
+    enc = tok(["<s>what is 2+3?<s>", "<s>7*8<s>"], return_tensors="pt", padding=True)
+    comp = torch.randint(4, 50, (4, 6), generator=torch.Generator().manual_seed(3))
+    cmask = torch.ones(4, 6, dtype=torch.long)
+    results = []
+    for chunk in (3, 10_000):                      # several chunks vs one
+        monkeypatch.setattr(G_, "LOGITS_CHUNK", chunk)
+        model.zero_grad()
+        logps, entropy = per_token_logps(model, enc["input_ids"], enc["attention_mask"], comp,
+                                         cmask, 0.8, return_entropy=True)
+        (logps * torch.linspace(-1, 1, logps.numel()).view_as(logps)).sum().backward()
+        results.append((logps.detach(), entropy, [p.grad.clone() for p in model.parameters()]))
+    (a, ea, ga), (b, eb, gb) = results
+    torch.testing.assert_close(a, b) and torch.testing.assert_close(ea, eb)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
+
+
 def test_sampling_logps_match_training_logps():
     from grpo_course.sampling import sample_completions
     model, tok = tiny_model(), tiny_tokenizer()
