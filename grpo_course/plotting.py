@@ -1,11 +1,22 @@
 """Figures for a training run's metrics log (``metrics.jsonl`` from :mod:`grpo_course.train`)
-and for the throughput benchmark's results (``data/throughput.json`` from ``bench/throughput.py``)."""
+and for the throughput benchmark's results (``data/throughput.json`` from ``bench/throughput.py``),
+and :func:`glue`, which puts a computed number into the book's prose."""
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+def glue(name: str, value: Any, display: bool = True) -> None:
+    """myst-nb's ``glue`` with numpy and torch scalars turned into Python numbers first: numpy 2
+    prints ``np.float64(0.5)``, which ``{glue:text}`name:.1f``` in the prose cannot format."""
+    from myst_nb import glue as myst_glue
+
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()
+    myst_glue(name, value, display=display)
+
 
 DEFAULT_KEYS = ("reward", "rewards/correctness", "rewards/exact_format", "completion_length",
                 "kl", "entropy", "loss", "frac_reward_zero_std", "step_seconds")

@@ -33,3 +33,19 @@ def test_cost_curve_has_one_point_per_matching_sweep_row():
     by_g, by_len = (ax.lines[0].get_xydata().tolist() for ax in fig.axes)
     assert by_g == [[2, 2.56], [4, 5.12], [8, 10.24]]
     assert by_len == [[32, 1.28], [64, 2.56], [128, 5.12]]
+
+
+def test_glue_turns_numpy_and_torch_scalars_into_python_numbers(monkeypatch):
+    import numpy as np
+    import torch
+    import myst_nb
+    from grpo_course import plotting
+
+    seen = {}
+    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: seen.update({name: value}))
+    plotting.glue("a", np.float64(0.5), display=False)
+    plotting.glue("b", torch.tensor(3), display=False)
+    plotting.glue("c", "text", display=False)
+    assert seen == {"a": 0.5, "b": 3, "c": "text"}
+    assert type(seen["a"]) is float and type(seen["b"]) is int
+    assert repr(seen["a"]) == "0.5"          # what {glue:text}`a:.1f` parses
