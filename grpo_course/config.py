@@ -183,7 +183,7 @@ PROFILES: dict[str, Profile] = {
         name="full",
         eval=EvalConfig(n=256, batch_size=32, max_new_tokens=200),
         # recipe: a LoRA SFT warm-up on GSM8K train solutions, then GRPO (see chapter 3)
-        grpo=GRPOConfig(sft_steps=240, sft_batch_size=1, sft_learning_rate=3e-4, max_steps=20),
+        grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4, max_steps=20),
         n_inspect=7473, n_demo=3, reward_prompts=8, reward_max_new_tokens=160,
         extra={},
     ),
