@@ -91,6 +91,14 @@ class EvalResult:
     model: str = ""
     cached: bool = False        # records reused from an identical earlier run (see evaluate_model)
 
+    @classmethod
+    def from_records(cls, records: list[dict[str, Any]], seconds: float = 0.0, model: str = "",
+                     cached: bool = False) -> "EvalResult":
+        """Counts from per-problem records (each with ``correct`` and ``formatted``)."""
+        return cls(n=len(records), correct=sum(r["correct"] for r in records),
+                   formatted=sum(r["formatted"] for r in records), records=records,
+                   seconds=seconds, model=model, cached=cached)
+
     @property
     def accuracy(self) -> float:
         return self.correct / self.n if self.n else 0.0
@@ -171,14 +179,13 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
     """
     from tqdm.auto import tqdm
 
-    from .sampling import resolve_sampling_dtype, sample_completions, supports_fast_path
+    from .sampling import sample_completions, sampler_dtype
 
     if batch_size <= 0 or max_new_tokens <= 0:
         raise ValueError("batch_size and max_new_tokens must be positive")
     rows = list(dataset)
     prompts = [chat_prompt(r["question"], tokenizer, system_prompt) for r in rows]
-    dtype = resolve_sampling_dtype(sampling_dtype) if supports_fast_path(model) else None
-    dtype = dtype or next(model.parameters()).dtype
+    dtype = sampler_dtype(model, sampling_dtype)
     key = path = None
     if cache:
         key = {"weights": weights_fingerprint(model), "prompts": prompts,
@@ -187,10 +194,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
         path = _cache_file(key)
         if path.exists():
             stored = json.loads(path.read_text(encoding="utf-8"))
-            done = stored["records"]
-            return EvalResult(n=len(done), correct=sum(r["correct"] for r in done),
-                              formatted=sum(r["formatted"] for r in done), records=done,
-                              seconds=stored["seconds"], model=name, cached=True)
+            return EvalResult.from_records(stored["records"], stored["seconds"], name, cached=True)
     order = sorted(range(len(rows)), key=lambda i: len(prompts[i]))
     records: list[dict[str, Any] | None] = [None] * len(rows)
     start = time.perf_counter()
@@ -213,9 +217,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
         bar.update(len(chunk))
     bar.close()
     done = [r for r in records if r is not None]
-    result = EvalResult(n=len(done), correct=sum(r["correct"] for r in done),
-                        formatted=sum(r["formatted"] for r in done), records=done,
-                        seconds=time.perf_counter() - start, model=name)
+    result = EvalResult.from_records(done, time.perf_counter() - start, name)
     if path is not None:
         _write_atomic(path, json.dumps({"key": {k: v for k, v in key.items() if k != "prompts"},
                                         "seconds": result.seconds, "records": done}))

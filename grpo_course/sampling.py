@@ -116,6 +116,15 @@ def resolve_sampling_dtype(name: str | torch.dtype | None) -> torch.dtype | None
     raise ValueError(f"sampling_dtype must be one of {', '.join(SAMPLING_DTYPES)}; got {name!r}")
 
 
+def sampler_dtype(model, sampling_dtype: str | torch.dtype | None,
+                  fast: bool | None = None) -> torch.dtype:
+    """The weight precision :func:`sample_completions` decodes ``model`` at: the resolved
+    ``sampling_dtype`` on the compact decoder, else the model's own dtype."""
+    use_fast = supports_fast_path(_base(model)) if fast is None else fast
+    return (resolve_sampling_dtype(sampling_dtype) if use_fast else None) \
+        or next(model.parameters()).dtype
+
+
 def supports_fast_path(model) -> bool:
     """True for Llama-style decoders without biases whose Linear weights are plain float
     tensors (the bundled model, with or without LoRA); quantized models take the
@@ -284,8 +293,7 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
     G, (P, Lp) = num_generations, prompt_ids.shape
     B = P * G
     use_fast = supports_fast_path(_base(model)) if fast is None else fast
-    dtype = (resolve_sampling_dtype(sampling_dtype) if use_fast else None) \
-        or next(model.parameters()).dtype
+    dtype = sampler_dtype(model, sampling_dtype, use_fast)
     decoder = FastLlama(model, dtype) if use_fast else _HFDecoder(model)
     decoder.allocate(B, Lp + max_new_tokens, dtype)
 
