@@ -71,6 +71,30 @@ def add_lora(model, config: GRPOConfig):
     return get_peft_model(model, lora)
 
 
+@contextlib.contextmanager
+def frozen_linear_weights_as(model: torch.nn.Module, dtype: torch.dtype | None):
+    """Hold the frozen ``nn.Linear`` weights (a LoRA model's base) in ``dtype`` for a while.
+
+    Under bf16 autocast every matrix product casts its fp32 weight to bf16 on each call,
+    forward and backward; frozen weights never change, so one cast up front does the same
+    work once. Weights that train (and the tied embedding/``lm_head``) stay as they are;
+    the fp32 originals are put back on exit, bit for bit."""
+    saved = []
+    if dtype is not None:
+        tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        for module in model.modules():
+            w = getattr(module, "weight", None)
+            if (isinstance(module, torch.nn.Linear) and isinstance(w, torch.Tensor)
+                    and not w.requires_grad and id(w) not in tied and w.dtype != dtype):
+                saved.append((w, w.data))
+                w.data = w.data.to(dtype)
+    try:
+        yield
+    finally:
+        for w, data in saved:
+            w.data = data
+
+
 def _atomic_dir(path: Path, write: Callable[[Path], None]) -> Path:
     """Run ``write(tmp)`` into a temporary folder beside ``path``, then rename it into place."""
     path = Path(path)
@@ -184,15 +208,22 @@ class CourseTrainer:
         steps = self.config.sft_steps if steps is None else steps
         if self.sft_done >= steps:
             return []
+        from torch.nn.attention import SDPBackend, sdpa_kernel
         optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
                                       lr=self.config.sft_learning_rate)
         rows_out = []
-        for _ in tqdm(range(self.sft_done, steps), desc="sft", leave=False):
-            picked = self._sft_rows(self.sft_done)
-            row = self.sft_step({k: [r[k] for r in picked] for k in picked[0]}, optimizer)
-            self.sft_done += 1
-            self._log(row)
-            rows_out.append(row)
+        # Two measured speed-ups for short sequences on a CPU (about 1.3x per example here):
+        # the frozen base weights cast to bf16 once instead of on every product, and the
+        # plain ("math") attention kernel, whose backward beats the flash kernel's at ~200 tokens.
+        dtype = resolve_sampling_dtype(self.config.sft_dtype)
+        with frozen_linear_weights_as(self.model, dtype if dtype == torch.bfloat16 else None), \
+                sdpa_kernel(SDPBackend.MATH):
+            for _ in tqdm(range(self.sft_done, steps), desc="sft", leave=False):
+                picked = self._sft_rows(self.sft_done)
+                row = self.sft_step({k: [r[k] for r in picked] for k in picked[0]}, optimizer)
+                self.sft_done += 1
+                self._log(row)
+                rows_out.append(row)
         return rows_out
 
     # ------------------------------------------------------------ GRPO

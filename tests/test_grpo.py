@@ -287,6 +287,32 @@ def test_sft_warmup_lowers_loss():
     assert len(sft) == 6 and sft[-1] < sft[0]
 
 
+def test_frozen_linear_weights_cast_once_and_restored_bit_for_bit():
+    from grpo_course.train import add_lora, frozen_linear_weights_as
+    model = add_lora(tiny_model(), GRPOConfig(lora_target_modules=("q_proj", "v_proj")))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    base_q = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
+    down = model.base_model.model.model.layers[0].mlp.down_proj.weight
+    with frozen_linear_weights_as(model, torch.bfloat16):
+        assert base_q.dtype == down.dtype == torch.bfloat16          # frozen Linear weights
+        for n, p in model.named_parameters():
+            if p.requires_grad or "embed" in n or "lm_head" in n:    # adapters, tied embedding
+                assert p.dtype == torch.float32, n
+    for n, p in model.named_parameters():
+        assert p.dtype == torch.float32 and torch.equal(p, before[n]), n
+
+
+def test_sft_trains_only_the_adapter_and_keeps_fp32_base():
+    trainer = _trainer(sft_steps=2, sft_batch_size=2, sft_learning_rate=5e-2, max_steps=0,
+                       sft_dtype="bfloat16")
+    base = {n: p.detach().clone() for n, p in trainer.model.named_parameters()
+            if not p.requires_grad}
+    trainer.train()
+    for n, p in trainer.model.named_parameters():
+        if n in base:
+            assert p.dtype == torch.float32 and torch.equal(p, base[n]), n
+
+
 def test_interrupt_saves_checkpoint(tmp_path):
     trainer = _trainer(tmp_path)
 
