@@ -2,7 +2,9 @@
 
 Each prompt runs through the model once (prefill); its keys/values are written G
 times into a cache allocated once for the whole completion budget, and the G
-completions decode together, one token per step. The sampler keeps the
+completions decode together, one token per step; a sequence that has emitted EOS leaves
+the batch (its cache rows are dropped once a quarter of the batch has finished), so the
+long tail of a batch is decoded at the width it really has. The sampler keeps the
 log-probability of every token it drew, so a trainer that uses each batch once
 needs no extra forward pass for ``old_per_token_logps``.
 
@@ -50,11 +52,12 @@ class SampleBatch:
 
 
 def _choose(logits: torch.Tensor, temperature: float, top_p: float,
-            generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+            uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return (tokens, their log-probs under the sampling dist).
 
     Sampling inverts the cumulative distribution with one uniform number per row
-    (``torch.multinomial`` draws one exponential per vocabulary entry: 4x slower here).
+    (``uniform`` [rows, 1]; ``torch.multinomial`` draws one exponential per vocabulary
+    entry: 4x slower here).
     """
     if temperature <= 0:  # greedy
         logps = torch.log_softmax(logits.float(), dim=-1)
@@ -69,7 +72,7 @@ def _choose(logits: torch.Tensor, temperature: float, top_p: float,
         sorted_p = sorted_p * keep
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
     cdf = probs.cumsum_(-1)
-    u = torch.rand(cdf.shape[0], 1, generator=generator, dtype=cdf.dtype) * cdf[:, -1:]
+    u = uniform.to(cdf.dtype) * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
     return tokens, (scaled.gather(-1, tokens[:, None]) - lse).squeeze(-1)
 
@@ -208,6 +211,10 @@ class FastLlama:
         last = self.norm(h[:, -1])
         return F.linear(last, self.lm_head).float().repeat_interleave(repeat, 0)
 
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the cache rows ``rows`` (sequences that are still decoding)."""
+        self.k, self.v = self.k[:, rows], self.v[:, rows]
+
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor,
                t: int) -> torch.Tensor:
         """One token per row at cache slot ``t``; ``keep`` [B, t+1] marks attendable slots."""
@@ -306,21 +313,34 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
     tokens_out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long)
     logps_out = torch.zeros(B, max_new_tokens)
     live_out = torch.zeros(B, max_new_tokens, dtype=torch.long)
+    # Rows that reached EOS leave the batch (``rows``: the original row of each decoding row)
+    # once a quarter of it has finished: the steps after that multiply smaller matrices.
+    rows = torch.arange(B)
     alive = torch.ones(B, dtype=torch.bool)
     for step in range(max_new_tokens):
-        tokens, logps = _choose(logits, temperature, top_p, generator)
+        # one uniform number per original row and step, decoding or not: the draws, hence
+        # the samples, do not depend on when rows left the batch
+        uniform = torch.rand(B, 1, generator=generator)[rows] if temperature > 0 else None
+        tokens, logps = _choose(logits, temperature, top_p, uniform)
         tokens = torch.where(alive, tokens, torch.full_like(tokens, pad_id))
-        tokens_out[:, step] = tokens
-        logps_out[:, step] = torch.where(alive, logps, torch.zeros_like(logps))
-        live_out[:, step] = alive
+        tokens_out[rows, step] = tokens
+        logps_out[rows, step] = torch.where(alive, logps, torch.zeros_like(logps))
+        live_out[rows, step] = alive.long()
         alive = alive & ~torch.isin(tokens, eos)
         if not alive.any() or step == max_new_tokens - 1:
             break
+        if hasattr(decoder, "select") and int(alive.sum()) <= 0.75 * len(rows):
+            idx = alive.nonzero().squeeze(1)
+            decoder.select(idx)
+            rows, alive, tokens = rows[idx], alive[idx], tokens[idx]
+            keep, next_pos = keep[idx], next_pos[idx]
         slot = Lp + step
         keep[:, slot] = True
         logits = decoder.decode(tokens, next_pos, keep[:, :slot + 1], slot)
         next_pos = next_pos + 1
     T = step + 1
+    truncated = torch.zeros(B, dtype=torch.bool)
+    truncated[rows] = alive
     completion_ids, completion_mask = tokens_out[:, :T], live_out[:, :T]
     if was_training:
         model.train()
@@ -328,5 +348,5 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
     return SampleBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
                        completion_ids=completion_ids, completion_mask=completion_mask,
                        sampling_logps=logps_out[:, :T], completions=texts,
-                       num_generations=num_generations, truncated=alive.clone(),
+                       num_generations=num_generations, truncated=truncated,
                        sampling_dtype=dtype)

@@ -107,6 +107,27 @@ def test_honours_eos():
     assert not s.truncated.any()
 
 
+def test_finished_rows_leave_the_batch_without_changing_the_samples(monkeypatch):
+    """Rows that emitted EOS are dropped from the fast decoder's batch; the samples, masks,
+    log-probs and truncation flags are those of the transformers path, which keeps them."""
+    model, tok = tiny_model(seed=1), tiny_tokenizer()
+    widths = []
+    select = FastLlama.select
+
+    def spy(self, rows):
+        widths.append(len(rows))
+        select(self, rows)
+    monkeypatch.setattr(FastLlama, "select", spy)
+    for temperature in (1.0, 0.0):
+        a = sample_completions(model, tok, PROMPTS, 8, 60, temperature=temperature, seed=3, fast=True)
+        b = sample_completions(model, tok, PROMPTS, 8, 60, temperature=temperature, seed=3, fast=False)
+        assert torch.equal(a.completion_ids, b.completion_ids)
+        assert torch.equal(a.completion_mask, b.completion_mask)
+        assert torch.equal(a.truncated, b.truncated)
+        torch.testing.assert_close(a.sampling_logps, b.sampling_logps, atol=1e-4, rtol=1e-4)
+    assert widths and min(widths) < 16          # the batch did shrink
+
+
 def test_greedy_and_left_padding(tiny):
     """Greedy completions of a prompt do not depend on the padding its batch needs."""
     model, tok = tiny
