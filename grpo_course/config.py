@@ -143,6 +143,7 @@ class Profile:
     prof_nocache_tokens: int = 32                     # budget of the KV-cache lever
     # chapter 4 (TRL GRPOTrainer); the rest of the run uses ``grpo`` and ``eval``
     trl_max_steps: int = 8                            # GRPOTrainer optimizer steps (smoke: 1)
+    trl_eval_n: int = 256                             # held-out problems for the TRL-trained model
     # chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides
     cl_steps_per_stage: int = 3                       # GRPO steps per curriculum stage
     cl_max_completion_length: int = 96                # completion budget while training
@@ -173,7 +174,7 @@ PROFILES: dict[str, Profile] = {
         prof_steps=1, prof_threads=(1, 2), prof_scaling_length=8, prof_matmul_n=1024,
         prof_copy_mib=64, prof_lever_length=8, prof_lever_generations=(2, 4),
         prof_lever_lengths=(8, 16), prof_nocache_tokens=8,
-        trl_max_steps=1,
+        trl_max_steps=1, trl_eval_n=8,
         cl_steps_per_stage=1, cl_max_completion_length=16, cl_eval_per_stratum=2,
         cl_eval_max_new_tokens=24, cl_fisher_prompts=2, cl_nll_rows=4,
         cl_sweep_lams=(0.0, 1e4), cl_sweep_steps=1,
@@ -181,7 +182,8 @@ PROFILES: dict[str, Profile] = {
     ),
     "full": Profile(
         name="full",
-        eval=EvalConfig(n=256, batch_size=32, max_new_tokens=200),
+        # 512 held-out problems: a gain of a few points needs that many for a paired test
+        eval=EvalConfig(n=512, batch_size=32, max_new_tokens=200),
         # recipe: a LoRA SFT warm-up on GSM8K train solutions, then GRPO (see chapter 3)
         grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4, max_steps=20),
         n_inspect=7473, n_demo=3, reward_prompts=8, reward_max_new_tokens=160,
