@@ -190,11 +190,12 @@ class FastLlama:
         """Llama's RMSNorm (statistics in fp32), returning the snapshot's dtype."""
         weight = norm.weight.detach().float()
         eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+        dtype = self.dtype      # not ``self``: a closure over it would keep the snapshot alive
 
         def apply(h: torch.Tensor) -> torch.Tensor:
             x = h.float()
             x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-            return (weight * x).to(self.dtype)
+            return (weight * x).to(dtype)
         return apply
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
