@@ -19,9 +19,10 @@ bandwidth. ``sampling_dtype="bfloat16"`` snapshots the weights in bf16 (half the
 and the CPU's AVX512-BF16 instructions where it has them): about twice the tokens per
 second here; the bf16 weights are also reordered once per call into oneDNN's blocked layout,
 which a plain bf16 product redoes on every step (~1.2x more). ``"auto"`` picks bf16 only on
-CPUs with native bf16 support (elsewhere bf16 matrix products are emulated and slower). Training itself stays fp32; a bf16 sampler
-draws from a very slightly different distribution, so its log-probs are a diagnostic,
-not the trainer's ``old_per_token_logps`` (see :mod:`grpo_course.train`).
+CPUs with native bf16 support (elsewhere bf16 matrix products are emulated and slower).
+Training itself stays fp32; a bf16 sampler draws from a very slightly different
+distribution, so its log-probs are a diagnostic, not the trainer's ``old_per_token_logps``
+(see :mod:`grpo_course.train`).
 """
 from __future__ import annotations
 

@@ -176,9 +176,7 @@ class CourseTrainer:
         self.tokenizer.padding_side = "left"
         self.model.train()
         # bf16 autocast (``sft_dtype``): matmuls in bf16, weights, log-softmax and AdamW in fp32
-        dtype = resolve_sampling_dtype(self.config.sft_dtype)
-        with torch.autocast("cpu", dtype=torch.bfloat16,
-                            enabled=dtype == torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self._sft_in_bf16()):
             logps = per_token_logps(self.model, enc["input_ids"], enc["attention_mask"],
                                     tgt["input_ids"], tgt["attention_mask"])
         mask = tgt["attention_mask"].float()
@@ -189,6 +187,10 @@ class CourseTrainer:
         optimizer.zero_grad(set_to_none=True)
         return {"phase": "sft", "sft_step": self.sft_done, "loss": float(loss.detach()),
                 "step_seconds": time.perf_counter() - start}
+
+    def _sft_in_bf16(self) -> bool:
+        """Whether the warm-up's matrix products run in bf16 (``sft_dtype``, resolved)."""
+        return resolve_sampling_dtype(self.config.sft_dtype) == torch.bfloat16
 
     def _sft_rows(self, step: int, window: int = SFT_SORT_WINDOW) -> list[dict]:
         """The rows of SFT step ``step``. SFT draws from the end of the shuffled order (GRPO
@@ -215,8 +217,7 @@ class CourseTrainer:
         # Two measured speed-ups for short sequences on a CPU (about 1.3x per example here):
         # the frozen base weights cast to bf16 once instead of on every product, and the
         # plain ("math") attention kernel, whose backward beats the flash kernel's at ~200 tokens.
-        dtype = resolve_sampling_dtype(self.config.sft_dtype)
-        with frozen_linear_weights_as(self.model, dtype if dtype == torch.bfloat16 else None), \
+        with frozen_linear_weights_as(self.model, torch.bfloat16 if self._sft_in_bf16() else None), \
                 sdpa_kernel(SDPBackend.MATH):
             for _ in tqdm(range(self.sft_done, steps), desc="sft", leave=False):
                 picked = self._sft_rows(self.sft_done)
