@@ -23,7 +23,7 @@ unexport MPLBACKEND
 help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
 	@echo "make test   - unit tests + notebooks on the smoke profile + book build (what CI runs)"
-	@echo "make bench  - throughput benchmark (ours vs TRL, cost sweep), one JSON line -> data/throughput.json"
+	@echo "make bench  - throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json"
 
 install: $(STAMP)
 
@@ -74,6 +74,7 @@ book: model
 
 bench: model
 	$(BIN)/python bench/throughput.py --sweep
+	$(BIN)/python bench/levers.py
 
 clean:
 	rm -rf _build $(SMOKE_SRC)

@@ -14,6 +14,7 @@ PROFILE_ENV = "GRPO_COURSE_PROFILE"
 PROFILE_NAMES = ("smoke", "full")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 SAMPLING_DTYPES = ("auto", "float32", "bfloat16")   # GRPOConfig.sampling_dtype (see sampling)
+PROMPT_ORDERS = ("random", "easy_first")            # GRPOConfig.prompt_order
 
 
 class ConfigError(ValueError):
@@ -52,9 +53,15 @@ class GRPOConfig:
     epsilon_high: float | None = None   # None -> same as epsilon_low
     loss_type: str = "grpo"             # grpo | bnpo | dr_grpo | dapo
     scale_rewards: str = "group"        # group | batch | none
+    num_iterations: int = 1             # mu: optimizer updates per sampled batch (the ratio leaves 1 after the first)
+    mask_truncated_completions: bool = False  # completions cut off by max_completion_length add no loss
+    dynamic_sampling: bool = False      # DAPO: resample until the step holds enough groups with unequal rewards
+    max_sampling_rounds: int = 4        # cap on dynamic sampling's rounds per step
+    prompt_order: str = "random"        # random | easy_first (basic -> intermediate -> advanced, chapter 1's strata)
     temperature: float = 1.0
     top_p: float = 1.0
     sampling_dtype: str = "auto"        # sampler weights: auto (bf16 on bf16-capable CPUs) | float32 | bfloat16
+    train_dtype: str = "auto"           # GRPO training pass: auto (bf16 autocast on bf16-capable CPUs) | float32 | bfloat16
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     use_lora: bool = True
@@ -85,12 +92,18 @@ class GRPOConfig:
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ConfigError(
                 f"scale_rewards must be group, batch or none; got {self.scale_rewards!r}")
-        for name in ("sampling_dtype", "sft_dtype"):
+        for name in ("sampling_dtype", "sft_dtype", "train_dtype"):
             if getattr(self, name) not in SAMPLING_DTYPES:
                 raise ConfigError(f"{name} must be one of {', '.join(SAMPLING_DTYPES)}; "
                                   f"got {getattr(self, name)!r}")
         if self.max_steps < 0 or self.sft_steps < 0:
             raise ConfigError("max_steps and sft_steps must be >= 0")
+        if self.num_iterations < 1 or self.max_sampling_rounds < 1:
+            raise ConfigError(f"num_iterations and max_sampling_rounds must be >= 1; got "
+                              f"{self.num_iterations} and {self.max_sampling_rounds}")
+        if self.prompt_order not in PROMPT_ORDERS:
+            raise ConfigError(f"prompt_order must be one of {', '.join(PROMPT_ORDERS)}; "
+                              f"got {self.prompt_order!r}")
 
     @property
     def prompts_per_step(self) -> int:
@@ -122,6 +135,8 @@ class Profile:
     # chapter 2
     reward_prompts: int = 8          # prompts sampled for the reward distributions (G = grpo.num_generations)
     reward_max_new_tokens: int = 160  # completion budget of those samples
+    # chapter 3: pass@G on the first training prompts, before and after GRPO
+    pass_k_prompts: int = 8
     # chapter 6 (INT8): logits agreement, decode timing, held-out eval of each variant
     quant_agreement_prompts: int = 16     # GSM8K test prompts for fp32-vs-INT8 logits
     quant_torchao_prompts: int = 2        # the same for torchao (its CPU int8 matmul is slow)
@@ -161,12 +176,19 @@ class Profile:
         return replace(self, grpo=replace(self.grpo, **changes))
 
 
+#: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path).
+GRPO_LEVERS: dict[str, Any] = dict(
+    prompt_order="easy_first", dynamic_sampling=True, max_sampling_rounds=2, num_iterations=2,
+    epsilon_high=0.28, mask_truncated_completions=False,
+    reward_weights={"correctness": 1.0, "exact_format": 0.5, "number_extraction": 0.5,
+                    "intermediate_results": 1.0})
+
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
         name="smoke",
         eval=EvalConfig(n=8, batch_size=8, max_new_tokens=48),
         grpo=GRPOConfig(max_steps=2, per_step_completions=8, num_generations=4,
-                        max_completion_length=32, sft_steps=2, sft_batch_size=4),
+                        max_completion_length=32, sft_steps=2, sft_batch_size=4, **GRPO_LEVERS),
         n_inspect=200, n_demo=1, reward_prompts=2, reward_max_new_tokens=48,
         quant_agreement_prompts=2, quant_torchao_prompts=1, quant_last_k=8,
         quant_batch_sizes=(1,), quant_decode_tokens=6, quant_torchao_batch_sizes=(1,),
@@ -174,7 +196,7 @@ PROFILES: dict[str, Profile] = {
         prof_steps=1, prof_threads=(1, 2), prof_scaling_length=8, prof_matmul_n=1024,
         prof_copy_mib=64, prof_lever_length=8, prof_lever_generations=(2, 4),
         prof_lever_lengths=(8, 16), prof_nocache_tokens=8,
-        trl_max_steps=1, trl_eval_n=8,
+        trl_max_steps=1, trl_eval_n=8, pass_k_prompts=2,
         cl_steps_per_stage=1, cl_max_completion_length=16, cl_eval_per_stratum=2,
         cl_eval_max_new_tokens=24, cl_fisher_prompts=2, cl_nll_rows=4,
         cl_sweep_lams=(0.0, 1e4), cl_sweep_steps=1,
@@ -185,7 +207,10 @@ PROFILES: dict[str, Profile] = {
         # 512 held-out problems: a gain of a few points needs that many for a paired test
         eval=EvalConfig(n=512, batch_size=32, max_new_tokens=200),
         # recipe: a LoRA SFT warm-up on GSM8K train solutions, then GRPO (see chapter 3)
-        grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4, max_steps=20),
+        # GRPO: G = 8, two prompts a step, the levers of chapter 3 (measured in bench/levers.py)
+        grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4, max_steps=20,
+                        num_generations=8, per_step_completions=16, learning_rate=5e-4,
+                        **GRPO_LEVERS),
         n_inspect=7473, n_demo=3, reward_prompts=8, reward_max_new_tokens=160,
         extra={},
     ),

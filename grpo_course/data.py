@@ -200,6 +200,22 @@ def chat_prompts(questions: Iterable[str], tokenizer,
     return [chat_prompt(q, tokenizer, system_prompt) for q in questions]
 
 
+def solution_results(solution: str) -> list[str]:
+    """The normalized results of a GSM8K solution's steps, in order: each ``<<a*b=c>>``
+    calculator annotation's ``c``, then the final answer (duplicates kept once).
+
+    >>> solution_results("She sold 48/2 = <<48/2=24>>24 in May.\\n48+24 = <<48+24=72>>72\\n#### 72")
+    ['24', '72']
+    """
+    found = [normalize_number(m[2:-2].split("=")[-1]) for m in _CALC.findall(solution or "")]
+    final = extract_hash_answer(solution or "")
+    out: list[str] = []
+    for value in found + [final]:
+        if value is not None and value not in out:
+            out.append(value)
+    return out
+
+
 def strip_calculations(solution: str) -> str:
     """A GSM8K solution without its ``<<a*b=c>>`` calculator annotations."""
     return _CALC.sub("", solution).strip()

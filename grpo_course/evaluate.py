@@ -12,7 +12,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -22,10 +21,9 @@ from typing import Any, Sequence
 import torch
 
 from .config import SAMPLING_DTYPES
-from .data import (SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k,
-                   normalize_number)
+from .data import SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k
+from .rewards import computed_results
 
-_LAST_RESULT = re.compile(r"=\s*\$?\s*(-?[\d,]*\.?\d+)")
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -57,10 +55,10 @@ def work_consistent(completion: str) -> bool | None:
     answer = extract_hash_answer(completion)
     if answer is None:
         return None
-    results = _LAST_RESULT.findall(completion.rsplit("####", 1)[0])
+    results = computed_results(completion)
     if not results:
         return None
-    return answers_match(normalize_number(results[-1]), answer)
+    return answers_match(results[-1], answer)
 
 
 def mcnemar_test(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict[str, Any]:
@@ -77,6 +75,22 @@ def mcnemar_test(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict[s
     tail = sum(math.comb(m, i) for i in range(k + 1)) / 2 ** m if m else 1.0
     return {"n": len(a_correct), "a_only": a_only, "b_only": b_only,
             "p_value": min(1.0, 2 * tail)}
+
+
+def linear_trend(values: Sequence[float]) -> dict[str, float]:
+    """Least-squares slope of ``values`` against their index, with a 95 % interval
+    (normal approximation, slope +- 1.96 standard errors); NaNs are left out."""
+    points = [(i, float(v)) for i, v in enumerate(values) if not math.isnan(float(v))]
+    n = len(points)
+    if n < 3:
+        return {"slope": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": n}
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in points)
+    se = math.sqrt(resid / (n - 2) / sxx)
+    return {"slope": slope, "lo": slope - 1.96 * se, "hi": slope + 1.96 * se, "n": n}
 
 
 @dataclass
@@ -245,6 +259,48 @@ def compare(a: EvalResult, b: EvalResult) -> dict[str, Any]:
     test = mcnemar_test([r["correct"] for r in a.records], [r["correct"] for r in b.records])
     return {"accuracy_a": a.accuracy, "accuracy_b": b.accuracy,
             "difference": b.accuracy - a.accuracy, "mcnemar": test}
+
+
+def attribution_table(results: dict[str, EvalResult]) -> list[dict[str, Any]]:
+    """One row per evaluated model (same problems): accuracy and format with 95 % intervals,
+    answer-work consistency, mean completion length, and accuracy per difficulty stratum."""
+    rows = []
+    for name, r in results.items():
+        s = r.summary()
+        row = {"model": name, "n": r.n, "accuracy %": 100 * r.accuracy,
+               "accuracy 95% CI": "%.1f-%.1f" % tuple(100 * x for x in r.accuracy_ci95),
+               "format %": 100 * r.format_rate,
+               "consistency %": None if s["answer_work_consistency"] is None
+               else 100 * s["answer_work_consistency"],
+               "mean tokens": s["mean_completion_tokens"]}
+        for stratum, v in r.by_stratum().items():
+            row[f"{stratum} % (n={v['n']})"] = 100 * v["accuracy"]
+        rows.append(row)
+    return rows
+
+
+def pass_at_k(model, tokenizer, dataset, k: int, max_new_tokens: int, temperature: float = 1.0,
+              seed: int = 0, batch_prompts: int = 4, sampling_dtype: str | None = "auto",
+              progress: bool = True) -> dict[str, Any]:
+    """pass@k: the share of problems with at least one correct answer among ``k`` samples
+    (the chance that a GRPO group of G = k holds a correct completion), with its interval."""
+    from tqdm.auto import tqdm
+
+    from .sampling import sample_completions
+
+    rows = list(dataset)
+    solved = []
+    for lo in tqdm(range(0, len(rows), batch_prompts), desc=f"pass@{k}", disable=not progress):
+        chunk = rows[lo:lo + batch_prompts]
+        batch = sample_completions(model, tokenizer, [chat_prompt(r["question"], tokenizer)
+                                                      for r in chunk], k, max_new_tokens,
+                                   temperature, seed=seed + lo, sampling_dtype=sampling_dtype)
+        for j, r in enumerate(chunk):
+            texts = batch.completions[j * k:(j + 1) * k]
+            solved.append(any(answers_match(extract_hash_answer(t), r["answer"]) for t in texts))
+    hits = sum(solved)
+    return {"n": len(solved), "k": k, "pass_at_k": hits / len(solved) if solved else 0.0,
+            "ci95": wilson_interval(hits, len(solved)), "solved": solved}
 
 
 def write_csv(result: EvalResult, path: str) -> None:

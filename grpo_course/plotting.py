@@ -51,6 +51,24 @@ def smooth(values: Sequence[float], window: int = 5) -> list[float]:
     return out
 
 
+def plot_band(ax, xs: Sequence[float], ys: Sequence[float], window: int = 5,
+              label: str | None = None, color: str | None = None) -> None:
+    """Raw values faint, their trailing moving average, and a band of +- one trailing
+    standard deviation around it (how noisy a single step is)."""
+    import numpy as np
+
+    ys = [float("nan") if y is None else float(y) for y in ys]
+    mean = smooth(ys, window)
+    spread = []
+    for i in range(len(ys)):
+        chunk = [v for v in ys[max(0, i - window + 1):i + 1] if not math.isnan(v)]
+        spread.append(float(np.std(chunk)) if chunk else float("nan"))
+    line, = ax.plot(xs, ys, alpha=0.25, color=color)
+    color = line.get_color()
+    ax.plot(xs, mean, color=color, label=label)
+    ax.fill_between(xs, np.array(mean) - spread, np.array(mean) + spread, color=color, alpha=0.15)
+
+
 def plot_metrics(source, keys: Sequence[str] = DEFAULT_KEYS, window: int = 5, runs=None,
                  ncols: int = 3):
     """A grid of curves, one panel per metric; ``runs`` = {label: source} overlays several."""
@@ -64,8 +82,7 @@ def plot_metrics(source, keys: Sequence[str] = DEFAULT_KEYS, window: int = 5, ru
     for ax, key in zip(axes.flat, keys):
         for label, rows in data.items():
             xs, ys = series(rows, key)
-            line, = ax.plot(xs, ys, alpha=0.3)
-            ax.plot(xs, smooth(ys, window), color=line.get_color(), label=label)
+            plot_band(ax, xs, ys, window, label=label)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("GRPO step")
     for ax in list(axes.flat)[len(keys):]:

@@ -75,8 +75,11 @@ TAG_CREDIT = 0.5          # approximate_format, per marker present exactly once
 TRAILING_PENALTY = 0.001  # approximate_format, per character after the answer slot
 MAX_TRAILING_PENALTY = 1.0
 NUMBER_REWARD = 1.5       # number_extraction
+STEP_REWARD = 1.0         # intermediate_results, all of the gold solution's step results and no others
 HEURISTIC_CREDIT = 0.5    # heuristic, per satisfied check (4 checks -> max 2.0)
 HEURISTIC_WORDS = (10, 300)   # "reasonable length" in words
+#: a result the work computes: the number after an ``=`` (shared with evaluate.work_consistent)
+RESULT = re.compile(r"=\s*\$?\s*(-?[\d,]*\.?\d+)")
 _OPERATION = re.compile(r"\d\s*[-+*/×÷x]\s*\d|=")
 _STEP = re.compile(r"(?im)^\s*(?:step\s*\d+|\d+[.)]|first|then|next|so|finally)\b")
 
@@ -200,16 +203,17 @@ def _safe(score: Callable[[str], float], texts: Iterable[Any], fallback: float) 
     return out
 
 
-def _answers(completions: Sequence[Any], answer: Any, name: str) -> list[Any]:
+def _answers(completions: Sequence[Any], answer: Any, name: str,
+             column: str = "answer") -> list[Any]:
     if answer is None:
-        raise ValueError(f"{name} needs the gold answers: pass answer=[...] (the dataset "
-                         "column 'answer', one per completion)")
+        raise ValueError(f"{name} needs the gold {column}s: pass {column}=[...] (the dataset "
+                         f"column '{column}', one per completion)")
     if isinstance(answer, (str, int, float)):
         return [answer] * len(completions)
     answer = list(answer)
     if len(answer) != len(completions):
         raise ValueError(f"{name}: got {len(completions)} completions but {len(answer)} "
-                         "answers; TRL repeats each answer G times, pass one per completion")
+                         f"{column}s; TRL repeats each {column} G times, pass one per completion")
     return answer
 
 
@@ -249,6 +253,34 @@ def number_extraction(completions, fmt: AnswerFormat = HASH_FORMAT, **kwargs) ->
                  completions, 0.0)
 
 
+def computed_results(text: str, fmt: AnswerFormat = HASH_FORMAT) -> list[str]:
+    """The normalized numbers the work before the answer slot computes (``... = c``)."""
+    work = text.rsplit(fmt.solution_start, 1)[0]
+    return [v for v in (normalize_number(m) for m in RESULT.findall(work)) if v is not None]
+
+
+def step_f1(text: str, gold_steps: Sequence[str], fmt: AnswerFormat = HASH_FORMAT) -> float:
+    """F1 of the results ``text`` computes against a solution's step results: recall rewards
+    reaching the gold intermediate values, precision stops a text that lists many numbers."""
+    mine, gold = set(computed_results(text, fmt)), set(gold_steps)
+    if not mine or not gold:
+        return 0.0
+    hits = len(mine & gold)
+    return 2 * hits / (len(mine) + len(gold))
+
+
+def intermediate_results(completions, solution=None, fmt: AnswerFormat = HASH_FORMAT,
+                         **kwargs) -> list[float]:
+    """Dense correctness: ``STEP_REWARD`` x F1 between the results the work computes and the
+    gold solution's step results (:func:`grpo_course.data.solution_results`). A completion
+    that gets the first steps right earns part of it even when its final answer is wrong."""
+    from grpo_course.data import solution_results
+
+    golds = _answers(completions, solution, "intermediate_results", "solution")
+    return [_safe(lambda t: STEP_REWARD * step_f1(t, solution_results(str(gold)), fmt),
+                  [c], 0.0)[0] for c, gold in zip(completions, golds)]
+
+
 def heuristic_checks(text: str) -> dict[str, bool]:
     """The four no-ground-truth checks of :func:`heuristic`."""
     words = len(text.split())
@@ -272,6 +304,7 @@ REWARD_FUNCTIONS: dict[str, RewardFn] = {
     "correctness": correctness,
     "number_extraction": number_extraction,
     "heuristic": heuristic,
+    "intermediate_results": intermediate_results,
 }
 for _name, _fn in REWARD_FUNCTIONS.items():  # TRL logs rewards/<__name__>
     assert _fn.__name__ == _name
@@ -306,13 +339,22 @@ def check_reward_names(names: Iterable[str]) -> list[str]:
     return names
 
 
+#: rewards that read a dataset column besides ``answer``
+NEEDS_SOLUTION = ("intermediate_results",)
+
+
 def score_completions(completions: Sequence[Any], answers: Any = None,
                       names: Iterable[str] | None = None,
-                      fmt: AnswerFormat = HASH_FORMAT) -> dict[str, list[float]]:
-    """Every named reward (default: all) of ``completions``: ``{name: [float, ...]}``."""
-    names = check_reward_names(REWARD_FUNCTIONS if names is None else names)
+                      fmt: AnswerFormat = HASH_FORMAT,
+                      solutions: Any = None) -> dict[str, list[float]]:
+    """Every named reward of ``completions``: ``{name: [float, ...]}``. The default names are
+    all rewards, less those that read gold ``solutions`` when none are given."""
+    if names is None:
+        names = [n for n in REWARD_FUNCTIONS if solutions is not None or n not in NEEDS_SOLUTION]
+    names = check_reward_names(names)
     completions = list(completions)
-    return {n: REWARD_FUNCTIONS[n](completions, answer=answers, fmt=fmt) for n in names}
+    return {n: REWARD_FUNCTIONS[n](completions, answer=answers, fmt=fmt, solution=solutions)
+            for n in names}
 
 
 def weighted_sum(rewards_by_name: dict[str, Sequence[float]],
@@ -330,9 +372,9 @@ def weighted_sum(rewards_by_name: dict[str, Sequence[float]],
 
 
 def combined(completions, answer=None, weights: dict[str, float] | None = None,
-             fmt: AnswerFormat = HASH_FORMAT, **kwargs) -> list[float]:
+             fmt: AnswerFormat = HASH_FORMAT, solution=None, **kwargs) -> list[float]:
     """The weighted sum of the registry rewards (default weights: the trainer's,
     ``GRPOConfig().reward_weights``)."""
     weights = _default_weights() if weights is None else dict(weights)
-    scores = score_completions(completions, answer, names=weights, fmt=fmt)
+    scores = score_completions(completions, answer, names=weights, fmt=fmt, solutions=solution)
     return weighted_sum(scores, weights)

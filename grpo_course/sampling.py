@@ -52,6 +52,42 @@ class SampleBatch:
     def completion_lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(1)
 
+    def select_groups(self, groups: torch.Tensor) -> "SampleBatch":
+        """The batch of the prompts where ``groups`` ([P] bool) is True, all G completions each."""
+        G = self.num_generations
+        rows = groups.repeat_interleave(G)
+        picked = [t for t, keep in zip(self.completions, rows.tolist()) if keep]
+        T = max(int(self.completion_mask[rows].sum(1).max()), 1) if rows.any() else 1
+        return SampleBatch(self.prompt_ids[groups], self.prompt_mask[groups],
+                           self.completion_ids[rows, :T], self.completion_mask[rows, :T],
+                           self.sampling_logps[rows, :T], picked, G, self.truncated[rows],
+                           self.sampling_dtype)
+
+
+def _pad(t: torch.Tensor, width: int, left: bool) -> torch.Tensor:
+    """``t`` [N, L] padded with zeros to [N, width] (on the left for prompts)."""
+    fill = t.new_zeros(t.shape[0], width - t.shape[1])
+    return torch.cat([fill, t] if left else [t, fill], 1)
+
+
+def concat_batches(batches: list["SampleBatch"]) -> "SampleBatch":
+    """One batch of the groups of ``batches`` (same G), prompts left-padded and completions
+    right-padded to the widest (padding is masked out, so it changes no log-prob)."""
+    if len({b.num_generations for b in batches}) != 1:
+        raise ValueError("batches to concatenate must share num_generations")
+    if len(batches) == 1:
+        return batches[0]
+    Lp = max(b.prompt_ids.shape[1] for b in batches)
+    T = max(b.completion_ids.shape[1] for b in batches)
+    return SampleBatch(
+        torch.cat([_pad(b.prompt_ids, Lp, True) for b in batches]),
+        torch.cat([_pad(b.prompt_mask, Lp, True) for b in batches]),
+        torch.cat([_pad(b.completion_ids, T, False) for b in batches]),
+        torch.cat([_pad(b.completion_mask, T, False) for b in batches]),
+        torch.cat([_pad(b.sampling_logps, T, False) for b in batches]),
+        [t for b in batches for t in b.completions], batches[0].num_generations,
+        torch.cat([b.truncated for b in batches]), batches[0].sampling_dtype)
+
 
 def _choose(logits: torch.Tensor, temperature: float, top_p: float,
             uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

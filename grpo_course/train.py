@@ -14,7 +14,13 @@ batch is used once, ``old_per_token_logps`` is the policy's own log-probs detach
 1, no extra forward pass either), and the gap is logged as ``sampler_logp_gap``.
 
 CLI: ``python -m grpo_course.train --profile full --out DIR`` trains and saves an
-adapter folder that :func:`grpo_course.models.load_model` loads.
+adapter folder that :func:`grpo_course.models.load_model` loads, and the adapter at the end of
+the warm-up in ``DIR/sft`` (so ``evaluate --model DIR/sft --compare DIR`` tests what GRPO added).
+
+One GRPO step (:meth:`CourseTrainer.step`) samples G completions per prompt and scores them
+(:meth:`CourseTrainer.generate_and_score`; with ``dynamic_sampling`` it resamples until the
+step holds enough groups with unequal rewards), then runs ``num_iterations`` updates
+(:meth:`CourseTrainer._update`) of the clipped loss on that batch.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ import torch
 from .config import ConfigError, GRPOConfig, get_profile
 from .data import chat_prompts, sft_text
 from .grpo import group_advantages, grpo_loss, per_token_logps, zero_std_groups
-from .sampling import resolve_sampling_dtype, sample_completions
+from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
 SFT_MAX_TOKENS = 256
@@ -140,20 +146,46 @@ class CourseTrainer:
                                            weight_decay=config.weight_decay)
         self.order = torch.randperm(len(train_dataset),
                                     generator=torch.Generator().manual_seed(config.seed)).tolist()
+        self.prompt_order = self._prompt_order()
         self.global_step = 0        # GRPO steps done
         self.sft_done = 0           # SFT steps done
+        self.prompts_used = 0       # GRPO prompts drawn so far (dynamic sampling draws extra)
         self.history: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------ helpers
     def _phase(self, name: str):
         return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
 
-    def _rows(self, index: int, size: int) -> dict[str, list]:
-        ids = [self.order[(index * size + i) % len(self.order)] for i in range(size)]
+    def _prompt_order(self) -> list[int]:
+        """GRPO's prompt order: the shuffled rows, or (``easy_first``) the same shuffle sorted
+        by difficulty stratum, basic first (a stable sort keeps the shuffle within a stratum).
+        GRPO draws from the front of the order and the SFT warm-up from the back of the
+        shuffle, so the two see different problems."""
+        if self.config.prompt_order == "random":
+            return self.order
+        from .data import STRATA
+        column = self.dataset["difficulty"] if hasattr(self.dataset, "column_names") else \
+            [r["difficulty"] for r in self.dataset]
+        rank = {s: k for k, s in enumerate(STRATA)}
+        return sorted(self.order, key=lambda i: rank.get(column[i], len(STRATA)))
+
+    def _select(self, ids: list[int]) -> dict[str, list]:
         picked = self.dataset.select(ids) if hasattr(self.dataset, "select") else \
             [self.dataset[i] for i in ids]
         rows = list(picked)
         return {k: [r[k] for r in rows] for k in rows[0]}
+
+    def _rows(self, index: int, size: int) -> dict[str, list]:
+        """Rows ``index * size`` .. of GRPO's prompt order (block ``index`` of ``size``)."""
+        order = self.prompt_order
+        return self._select([order[(index * size + i) % len(order)] for i in range(size)])
+
+    def _next_rows(self, size: int) -> dict[str, list]:
+        """The next ``size`` prompts of GRPO's order (the cursor is saved in checkpoints)."""
+        order = self.prompt_order
+        ids = [order[(self.prompts_used + i) % len(order)] for i in range(size)]
+        self.prompts_used += size
+        return self._select(ids)
 
     def _log(self, row: dict[str, Any]) -> None:
         self.history.append(row)
@@ -227,53 +259,161 @@ class CourseTrainer:
                 rows_out.append(row)
         return rows_out
 
+    def start_from(self, warm_dir) -> "CourseTrainer":
+        """Load the adapter weights of a warm start (:func:`grpo_course.warmstart.warm_start`)
+        and count its SFT steps as done, so :meth:`train` goes straight to GRPO."""
+        from .warmstart import STATE_FILE
+        state = torch.load(Path(warm_dir) / STATE_FILE, weights_only=True)
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in state.items():
+                params[name].copy_(value)
+        self.sft_done = self.config.sft_steps
+        return self
+
     # ------------------------------------------------------------ GRPO
-    def step(self, rows: dict[str, list]) -> dict[str, Any]:
-        """One GRPO step on the prompts of ``rows`` (columns ``question``, ``answer``)."""
+    def _score(self, batch, rows: dict[str, list]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Weighted reward [B] and each function's rewards of a sampled batch; every dataset
+        column reaches the rewards as a keyword list, repeated G times (as in TRL)."""
+        G, weights = self.config.num_generations, self.config.reward_weights
+        columns = {k: [v for v in values for _ in range(G)] for k, values in rows.items()
+                   if k != "question"}
+        per_func = {n: torch.tensor(fn(batch.completions, **columns), dtype=torch.float32)
+                    for n, fn in self.reward_funcs.items()}
+        return sum(weights.get(n, 0.0) * r for n, r in per_func.items()), per_func
+
+    def generate_and_score(self, rows: dict[str, list]):
+        """Sample G completions per prompt of ``rows`` and score them. With ``dynamic_sampling``
+        (DAPO) groups whose rewards all tie are set aside and further prompts are sampled, up to
+        ``max_sampling_rounds`` rounds, until the step holds ``prompts_per_step`` informative
+        groups. Returns the training batch, its rewards, and what every sampled completion
+        scored (the policy's reward, informative or not) with the sampling counts."""
+        cfg, G = self.config, self.config.num_generations
+        need = len(rows["question"])
+        kept, sampled_rewards, sampled_funcs, prompts_sampled, rounds = [], [], [], 0, 0
+        lengths, truncated = [], []
+        while True:
+            with self._phase("sampling"):
+                batch = sample_completions(
+                    self.model, self.tokenizer, chat_prompts(rows["question"], self.tokenizer), G,
+                    cfg.max_completion_length, cfg.temperature, cfg.top_p,
+                    seed=cfg.seed * 1_000_003 + self.global_step * 101 + rounds,
+                    sampling_dtype=cfg.sampling_dtype)
+            with self._phase("rewards"):
+                rewards, per_func = self._score(batch, rows)
+            rounds += 1
+            prompts_sampled += len(rows["question"])
+            sampled_rewards.append(rewards)
+            sampled_funcs.append(per_func)
+            lengths.append(batch.completion_lengths.float())
+            truncated.append(batch.truncated.float())
+            if not cfg.dynamic_sampling:
+                kept.append((batch, rewards))
+                break
+            informative = ~zero_std_groups(rewards, G)
+            room = need - sum(len(r) // G for _, r in kept)
+            take = informative & (informative.cumsum(0) <= room)
+            if take.any():
+                kept.append((batch.select_groups(take), rewards[take.repeat_interleave(G)]))
+            if room - int(take.sum()) == 0 or rounds == cfg.max_sampling_rounds:
+                break
+            rows = self._next_rows(need)
+        if not kept:               # dynamic sampling found no informative group: train on none
+            kept.append((batch.select_groups(torch.zeros(need, dtype=torch.bool)), rewards[:0]))
+        all_rewards = torch.cat(sampled_rewards)
+        info = {"rewards": all_rewards,
+                "per_func": {n: torch.cat([f[n] for f in sampled_funcs]) for n in sampled_funcs[0]},
+                "frac_reward_zero_std": float(zero_std_groups(all_rewards, G).float().mean()),
+                "sampling_rounds": rounds, "prompts_sampled": prompts_sampled,
+                "completion_length": float(torch.cat(lengths).mean()),
+                "clipped_ratio": float(torch.cat(truncated).mean())}
+        return concat_batches([b for b, _ in kept]), torch.cat([r for _, r in kept]), info
+
+    def _train_in_bf16(self) -> bool:
+        """Whether the GRPO training pass runs under bf16 autocast (``train_dtype``, resolved)."""
+        return resolve_sampling_dtype(self.config.train_dtype) == torch.bfloat16
+
+    def step(self, rows: dict[str, list] | None = None) -> dict[str, Any]:
+        """One GRPO step: sample and score (:meth:`generate_and_score`), then
+        ``num_iterations`` optimizer updates on that batch. ``rows`` (columns ``question``,
+        ``answer``, ...) are the step's prompts; by default the next ones in ``prompt_order``."""
         cfg, G = self.config, self.config.num_generations
         start = time.perf_counter()
-        prompts = chat_prompts(rows["question"], self.tokenizer)
-        with self._phase("sampling"):
-            batch = sample_completions(self.model, self.tokenizer, prompts, G,
-                                       cfg.max_completion_length, cfg.temperature, cfg.top_p,
-                                       seed=cfg.seed * 1_000_003 + self.global_step,
-                                       sampling_dtype=cfg.sampling_dtype)
+        rows = self._next_rows(cfg.prompts_per_step) if rows is None else rows
+        batch, rewards, info = self.generate_and_score(rows)
         sampled = time.perf_counter()
-        with self._phase("rewards"):
-            answers = [a for a in rows["answer"] for _ in range(G)]
-            per_func = {n: torch.tensor(fn(batch.completions, answer=answers), dtype=torch.float32)
-                        for n, fn in self.reward_funcs.items()}
-            rewards = sum(cfg.reward_weights.get(n, 0.0) * r for n, r in per_func.items())
-            advantages = group_advantages(rewards, G, cfg.scale_rewards)
+        advantages = group_advantages(rewards, G, cfg.scale_rewards)
         mask = batch.completion_mask
-        ref = None
-        self.model.train()
-        with self._phase("logprobs"):
-            if cfg.beta != 0.0:
-                with torch.no_grad(), self._reference():
-                    ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
-                                          batch.completion_ids, mask, cfg.temperature)
+        if cfg.mask_truncated_completions:       # a cut-off completion teaches nothing either way
+            mask = mask * (~batch.truncated).long()[:, None]
         # With beta = 0 a group whose rewards are all equal has advantage 0 on every token, so its
         # completions add exactly 0 to the loss and its gradient: leave them out of the forward
         # and backward (``skip_zero_variance``) and rescale the loss so the update is unchanged.
         zero = zero_std_groups(rewards, G)
         keep = ~zero if (self.skip_zero_variance and cfg.beta == 0.0) else torch.ones_like(zero)
         rows_kept = keep.repeat_interleave(G)
-        metrics: dict[str, Any] = {"kl": 0.0, "entropy": float("nan"), "loss": 0.0}
-        loss = None
+        bf16 = self._train_in_bf16()
+        self.model.train()
+        updates = []
+        with frozen_linear_weights_as(self.model, torch.bfloat16 if bf16 else None):
+            old = None
+            for _ in range(cfg.num_iterations):
+                metrics, old = self._update(batch, mask, advantages, keep, rows_kept, old, bf16)
+                updates.append(metrics)
+        metrics = {k: float(sum(u[k] for u in updates) / len(updates)) for k in updates[0]
+                   if k != "skipped"}
+        learn = not updates[0]["skipped"]
+        seconds = time.perf_counter() - start
+        n_tokens = int(batch.completion_mask.sum())
+        n_groups = info["prompts_sampled"]
+        informative = n_groups - round(info["frac_reward_zero_std"] * n_groups)
+        all_rewards = info["rewards"]
+        row = {"phase": "grpo", "step": self.global_step, **metrics,
+               "reward": float(all_rewards.mean()), "reward_std": float(all_rewards.std()),
+               **{f"rewards/{n}": float(r.mean()) for n, r in info["per_func"].items()},
+               "frac_reward_zero_std": info["frac_reward_zero_std"],
+               "frac_groups_dropped": float((~keep).float().mean()) if len(keep) else 1.0,
+               "informative_groups": int((~zero).sum()),
+               "sampling_rounds": info["sampling_rounds"], "prompts_sampled": n_groups,
+               "prompts_per_informative_group": n_groups / informative if informative else None,
+               "completion_length": info["completion_length"],   # every sampled completion
+               "clipped_ratio": info["clipped_ratio"],
+               "train_dtype": "bfloat16" if bf16 else "float32",
+               "skipped": not learn, "step_seconds": seconds, "sampling_seconds": sampled - start,
+               "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds}
+        self.global_step += 1
+        return row
+
+    def _update(self, batch, mask, advantages, keep, rows_kept, old, bf16: bool):
+        """One optimizer update on the kept groups of ``batch``; returns its metrics and the
+        ``old_per_token_logps`` to use for the batch's later updates."""
+        cfg = self.config
+        metrics: dict[str, Any] = {"kl": 0.0, "entropy": float("nan"), "loss": 0.0,
+                                   "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
+                                   "clip_ratio/region_mean": 0.0}
+        loss = ref = None
+        with self._phase("logprobs"):
+            if cfg.beta != 0.0 and keep.any():
+                with torch.no_grad(), self._reference():
+                    ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
+                                          batch.completion_ids, mask, cfg.temperature)
         with self._phase("forward_backward"):
             if keep.any():
                 sub_mask = mask[rows_kept]
-                T = max(int(sub_mask.sum(1).max()), 1)        # kept completions may be shorter
+                T = max(int(batch.completion_mask[rows_kept].sum(1).max()), 1)
                 sub_mask = sub_mask[:, :T]
-                logps, entropy = per_token_logps(self.model, batch.prompt_ids[keep],
-                                                 batch.prompt_mask[keep],
-                                                 batch.completion_ids[rows_kept, :T], sub_mask,
-                                                 cfg.temperature, return_entropy=True)
-                # the sampler's log-probs are the old policy's only if it sampled at our precision
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    logps, entropy = per_token_logps(self.model, batch.prompt_ids[keep],
+                                                     batch.prompt_mask[keep],
+                                                     batch.completion_ids[rows_kept, :T], sub_mask,
+                                                     cfg.temperature, return_entropy=True)
                 sampler_logps = batch.sampling_logps[rows_kept, :T]
-                exact = batch.sampling_dtype == logps.dtype
-                old = sampler_logps if exact else logps.detach()
+                if old is None:
+                    # the sampler's log-probs are the old policy's only if it sampled at the
+                    # training pass's precision; else the policy's own, before this batch's first
+                    # update (TRL's choice: ratio 1 on the first update, no extra forward pass)
+                    exact = not bf16 and batch.sampling_dtype == torch.float32
+                    old = sampler_logps if exact else logps.detach()
                 loss, metrics = grpo_loss(
                     logps, old, advantages[rows_kept], sub_mask,
                     ref_per_token_logps=None if ref is None else ref[rows_kept, :T],
@@ -296,24 +436,11 @@ class CourseTrainer:
             for p in params:            # a skipped backward is a zero gradient: AdamW still steps
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-        learn = loss is not None
-        seconds = time.perf_counter() - start
-        n_tokens = int(mask.sum())
-        row = {"phase": "grpo", "step": self.global_step, **metrics,
-               "reward": float(rewards.mean()), "reward_std": float(rewards.std()),
-               **{f"rewards/{n}": float(r.mean()) for n, r in per_func.items()},
-               "frac_reward_zero_std": float(zero.float().mean()),
-               "frac_groups_dropped": float((~keep).float().mean()),
-               "completion_length": float(mask.sum(1).float().mean()),
-               "clipped_ratio": float(batch.truncated.float().mean()),
-               "grad_norm": float(grad_norm), "skipped": not learn,
-               "step_seconds": seconds, "sampling_seconds": sampled - start,
-               "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds}
-        self.global_step += 1
-        return row
+        metrics["skipped"] = loss is None
+        return metrics, old
 
     def _reference(self):
         if hasattr(self.model, "disable_adapter"):
@@ -329,9 +456,12 @@ class CourseTrainer:
         rows_out: list[dict] = []
         try:
             rows_out += self.sft()
+            if self.out_dir is not None and cfg.sft_steps and self.global_step == 0 \
+                    and not (self.out_dir / "sft" / "adapter_config.json").is_file():
+                self.save_model(self.out_dir / "sft")     # the warm-up alone, for attribution
             bar = tqdm(range(self.global_step, max_steps), desc="grpo", leave=False)
             for _ in bar:
-                row = self.step(self._rows(self.global_step, cfg.prompts_per_step))
+                row = self.step()
                 self._log(row)
                 rows_out.append(row)
                 bar.set_postfix(reward=f"{row['reward']:.2f}", s=f"{row['step_seconds']:.1f}")
@@ -376,7 +506,8 @@ class CourseTrainer:
                        tmp / "state.pt")
             cfg = dataclasses.asdict(self.config)
             (tmp / "trainer.json").write_text(json.dumps(
-                {"global_step": self.global_step, "sft_done": self.sft_done, "config": cfg},
+                {"global_step": self.global_step, "sft_done": self.sft_done,
+                 "prompts_used": self.prompts_used, "config": cfg},
                 indent=2))
         return _atomic_dir(Path(path), write)
 
@@ -395,6 +526,7 @@ class CourseTrainer:
                 params[name].copy_(value)
         trainer.optimizer.load_state_dict(state["optimizer"])
         trainer.global_step, trainer.sft_done = meta["global_step"], meta["sft_done"]
+        trainer.prompts_used = meta.get("prompts_used", trainer.global_step * trainer.config.prompts_per_step)
         return trainer
 
 
@@ -418,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = CourseTrainer.resume(out / "checkpoint", model, tokenizer, dataset, out_dir=out)
     else:
         trainer = CourseTrainer(model, tokenizer, config, dataset, out_dir=out)
-    trainer.train()
+    trainer.train(max_steps=args.max_steps)   # on --resume too: the flag wins over the checkpoint
     trainer.save_model(out)
     trainer.save_checkpoint(out / "checkpoint")
     print(json.dumps({"model": str(out), "steps": trainer.global_step,

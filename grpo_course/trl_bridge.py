@@ -9,6 +9,10 @@ objects so the two can be compared on the same prompts and rewards:
 * :func:`trl_dataset` -> a ``datasets.Dataset`` with a conversational ``prompt`` and ``answer``;
 * :func:`reward_funcs_from_course` -> reward functions and their weights;
 * :func:`train_with_trl` -> a finished run (trainer, log history, wall time).
+
+Not translated (the course trainer's own levers, chapter 3): ``dynamic_sampling`` and
+``prompt_order`` have no TRL field, and TRL runs ``num_iterations=1`` here because TRL counts
+each reuse of a batch as an optimizer step of its own.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ COURSE_TO_TRL: dict[str, str] = {
     "top_p": "top_p",
     "max_grad_norm": "max_grad_norm",
     "weight_decay": "weight_decay",
+    "mask_truncated_completions": "mask_truncated_completions",
     "reward_weights": "reward_weights",
     "seed": "seed",
     "log_every": "logging_steps",
@@ -115,6 +120,7 @@ def grpo_config_from_course(cfg: GRPOConfig, output_dir: str | os.PathLike,
         beta=cfg.beta, epsilon=cfg.epsilon_low,
         epsilon_high=cfg.epsilon_low if cfg.epsilon_high is None else cfg.epsilon_high,
         loss_type=cfg.loss_type, scale_rewards=cfg.scale_rewards,
+        mask_truncated_completions=cfg.mask_truncated_completions,
         reward_weights=[float(cfg.reward_weights[n]) for n in reward_names(cfg)],
         # the optimizer
         learning_rate=cfg.learning_rate, max_steps=cfg.max_steps, warmup_steps=0,
@@ -159,16 +165,17 @@ def mapping_rows(cfg: GRPOConfig, trl_cfg=None) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- data and rewards
 def trl_dataset(split: str = "train", n: int | None = None, offset: int = 0,
                 data_dir: str | None = None, system_prompt: str | None = None):
-    """GSM8K rows as TRL wants them: ``prompt`` (system + user messages) and ``answer``.
+    """GSM8K rows as TRL wants them: ``prompt`` (system + user messages), ``answer`` and
+    ``solution``.
 
-    TRL applies the chat template itself and passes ``answer`` (repeated G times)
-    to every reward function as a keyword.
+    TRL applies the chat template itself and passes ``answer`` and ``solution`` (each
+    repeated G times) to every reward function as keywords.
     """
     from grpo_course.data import SYSTEM_PROMPT, chat_messages, load_gsm8k
 
     rows = load_gsm8k(split, data_dir=data_dir, limit=n, offset=offset)
     system = SYSTEM_PROMPT if system_prompt is None else system_prompt
-    keep = {"answer", "difficulty", "idx"}
+    keep = {"answer", "solution", "difficulty", "idx"}   # rewards read answer and solution
     return rows.map(lambda r: {"prompt": chat_messages(r["question"], system)},
                     remove_columns=[c for c in rows.column_names if c not in keep])
 

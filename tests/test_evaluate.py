@@ -126,3 +126,28 @@ def test_eval_cache_reuses_identical_runs_only(gsm8k_dir, tmp_path, monkeypatch)
     assert weights_fingerprint(model) != before and not run(model).cached
     fresh = evaluate_model(model, tok, rows, batch_size=2, max_new_tokens=6, progress=False)
     assert not fresh.cached                                          # no cache unless asked
+
+
+def test_linear_trend_recovers_a_known_slope():
+    from grpo_course.evaluate import linear_trend
+    exact = linear_trend([1.0 + 0.5 * i for i in range(10)])
+    assert exact["slope"] == pytest.approx(0.5) and exact["lo"] == pytest.approx(0.5)
+    noisy = linear_trend([0.1 * i + (-1) ** i for i in range(40)])
+    assert noisy["lo"] < 0.1 < noisy["hi"] and noisy["n"] == 40
+    flat = linear_trend([(-1) ** i for i in range(40)])
+    assert flat["lo"] < 0 < flat["hi"]
+    import math
+    assert math.isnan(linear_trend([1.0, float("nan"), 2.0])["slope"])
+
+
+def test_attribution_table_rows():
+    from grpo_course.evaluate import attribution_table
+    rec = lambda ok, fmt, d, t: {"difficulty": d, "correct": ok, "formatted": fmt,   # noqa: E731
+                                 "completion_tokens": t, "consistent": ok}
+    a = EvalResult.from_records([rec(False, False, "basic", 200), rec(True, True, "advanced", 50)])
+    b = EvalResult.from_records([rec(True, True, "basic", 40), rec(True, True, "advanced", 60)])
+    rows = attribution_table({"before": a, "after": b})
+    assert [r["model"] for r in rows] == ["before", "after"]
+    assert rows[0]["accuracy %"] == 50.0 and rows[1]["accuracy %"] == 100.0
+    assert rows[0]["basic % (n=1)"] == 0.0 and rows[1]["basic % (n=1)"] == 100.0
+    assert rows[0]["mean tokens"] == 125 and rows[1]["consistency %"] == 100.0

@@ -180,7 +180,8 @@ def test_chunked_logps_give_the_full_logits_gradient(monkeypatch):
         (logps * torch.linspace(-1, 1, logps.numel()).view_as(logps)).sum().backward()
         results.append((logps.detach(), entropy, [p.grad.clone() for p in model.parameters()]))
     (a, ea, ga), (b, eb, gb) = results
-    torch.testing.assert_close(a, b) and torch.testing.assert_close(ea, eb)
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ea, eb)
     for x, y in zip(ga, gb):
         torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
 
@@ -316,7 +317,7 @@ def test_sft_trains_only_the_adapter_and_keeps_fp32_base():
 def test_interrupt_saves_checkpoint(tmp_path):
     trainer = _trainer(tmp_path)
 
-    def boom(rows):
+    def boom(rows=None):
         raise KeyboardInterrupt
     trainer.step = boom
     with pytest.raises(KeyboardInterrupt):

@@ -21,7 +21,7 @@ GOOD_TAGS = "<reasoning>\n16 - 3 - 4 = 9\n9 * 2 = 18\n</reasoning>\n<answer>\n18
 # ---------------------------------------------------------------- format regex
 def test_registry_names_match_function_names():
     assert list(REWARD_FUNCTIONS) == ["exact_format", "approximate_format", "correctness",
-                                      "number_extraction", "heuristic"]
+                                      "number_extraction", "heuristic", "intermediate_results"]
     for name, fn in REWARD_FUNCTIONS.items():
         assert fn.__name__ == name
 
@@ -130,7 +130,10 @@ def test_heuristic_is_hackable():
 
 def test_score_completions_weighted_sum_and_combined():
     scores = score_completions([GOOD, "no"], ["18", "18"])
-    assert set(scores) == set(REWARD_FUNCTIONS)
+    assert set(scores) == set(REWARD_FUNCTIONS) - set(R.NEEDS_SOLUTION)   # no solutions given
+    with_solutions = score_completions([GOOD, "no"], ["18", "18"], solutions=["3*6=<<3*6=18>>18\n#### 18"] * 2)
+    assert set(with_solutions) == set(REWARD_FUNCTIONS)
+    assert with_solutions["intermediate_results"][1] == 0.0
     assert scores["correctness"] == [3.0, -1.0]
     weights = {"correctness": 1.0, "exact_format": 0.5, "number_extraction": 0.5}
     total = weighted_sum(scores, weights)
@@ -182,7 +185,7 @@ golds = st.one_of(st.sampled_from(["18", "0", "-3", "0.75", "100000", "1000.5"])
 def test_every_reward_returns_one_finite_float_per_completion(batch, fmt):
     comps = [c for c, _ in batch]
     answers = [g for _, g in batch]
-    scores = score_completions(comps, answers, fmt=fmt)
+    scores = score_completions(comps, answers, fmt=fmt, solutions=[str(g) for g in answers])
     scores["combined"] = combined(comps, answer=answers, fmt=fmt)
     for name, values in scores.items():
         assert len(values) == len(comps), name
@@ -191,6 +194,7 @@ def test_every_reward_returns_one_finite_float_per_completion(batch, fmt):
     assert all(v in (0.0, R.NUMBER_REWARD) for v in scores["number_extraction"])
     assert all(v in (3.0, 1.5, 0.5, -0.5, -1.0) for v in scores["correctness"])
     assert all(0.0 <= v <= 2.0 for v in scores["heuristic"])
+    assert all(0.0 <= v <= R.STEP_REWARD for v in scores["intermediate_results"])
 
 
 @settings(max_examples=500, deadline=None)

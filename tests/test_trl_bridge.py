@@ -223,7 +223,7 @@ def test_reward_funcs_and_weights():
 
 def test_trl_dataset_is_conversational(gsm8k_dir):
     ds = trl_bridge.trl_dataset("train", n=3, data_dir=str(gsm8k_dir))
-    assert len(ds) == 3 and set(ds.column_names) == {"prompt", "answer", "difficulty", "idx"}
+    assert len(ds) == 3 and set(ds.column_names) == {"prompt", "answer", "solution", "difficulty", "idx"}
     prompt = ds[0]["prompt"]
     assert [m["role"] for m in prompt] == ["system", "user"]
     assert "3 apples" in prompt[1]["content"] and ds[0]["answer"] == "7"

@@ -1,0 +1,63 @@
+"""The shared warm start: the SFT-warmed LoRA adapter of a recipe, trained once and cached.
+
+Chapters 3-7 need a policy that already writes the ``#### N`` line (chapter 2: from the base
+model nearly every group ties). :func:`warm_start` trains the supervised warm-up of a
+:class:`~grpo_course.config.GRPOConfig` once and keeps the adapter under
+``cache_dir()/warm_start/<fingerprint>``, keyed by everything that changes its weights (model,
+SFT sizes and learning rate, LoRA shape, seed, data, the warm-up's resolved precision), so any
+chapter opened first pays for it once and the others load it in a second.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+WARM_FIELDS = ("model", "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_dtype",
+               "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "max_grad_norm",
+               "seed", "train_offset")
+STATE_FILE = "trainable.pt"
+
+
+def warm_start_key(config, train_dataset) -> str:
+    """Fingerprint of the warm-up recipe: the fields that change its weights and the data."""
+    from .sampling import resolve_sampling_dtype
+
+    recipe = {f: getattr(config, f) for f in WARM_FIELDS}
+    recipe["sft_dtype"] = str(resolve_sampling_dtype(config.sft_dtype) or "float32")
+    recipe["lora_target_modules"] = list(recipe["lora_target_modules"])
+    recipe["rows"] = len(train_dataset)
+    recipe["first_question"] = train_dataset[0]["question"]
+    recipe["version"] = 1
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def warm_start(config, train_dataset, verbose: bool = True) -> Path:
+    """The folder of ``config``'s SFT-warmed adapter, trained now (with a progress bar) unless
+    an identical recipe was trained before. Loadable by :func:`~grpo_course.models.load_model`;
+    :meth:`~grpo_course.train.CourseTrainer.start_from` continues training from it."""
+    from .models import cache_dir, load_model
+    from .train import CourseTrainer, _atomic_dir
+
+    folder = cache_dir() / "warm_start" / warm_start_key(config, train_dataset)
+    if (folder / STATE_FILE).is_file():
+        if verbose:
+            print(f"warm start: reusing {config.sft_steps} SFT steps from {folder}")
+        return folder
+    if verbose:
+        print(f"warm start: training {config.sft_steps} SFT steps once; every chapter then "
+              f"reuses them from {folder}")
+    model, tokenizer = load_model(config.model)
+    trainer = CourseTrainer(model, tokenizer, dataclasses.replace(config, max_steps=0),
+                            train_dataset)
+    log = trainer.sft()
+
+    def write(tmp: Path) -> None:
+        trainer.save_model(tmp)
+        torch.save({n: p.detach().clone() for n, p in trainer.model.named_parameters()
+                    if p.requires_grad}, tmp / STATE_FILE)
+        (tmp / "sft_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    return _atomic_dir(folder, write)

@@ -1,0 +1,212 @@
+"""The levers that give GRPO a learning signal in every step (chapter 3): dynamic sampling,
+prompt order, num_iterations, masking truncated completions, the bf16 training pass, the
+dense intermediate-results reward, and the warm-up adapter saved for attribution."""
+from __future__ import annotations
+
+import json
+
+import datasets
+import pytest
+import torch
+
+from grpo_course.config import ConfigError, GRPOConfig
+from grpo_course.grpo import per_token_logps
+from grpo_course.sampling import concat_batches, sample_completions
+from grpo_course.train import CourseTrainer
+from tests.test_grpo import ROWS, length_reward
+from tests.test_sampling import tiny_model, tiny_tokenizer
+
+LORA = dict(lora_r=4, lora_alpha=8, lora_target_modules=("q_proj", "v_proj", "up_proj"))
+
+
+def _trainer(rows=ROWS, reward=length_reward, **changes):
+    cfg = GRPOConfig(**{**dict(num_generations=2, per_step_completions=4, max_completion_length=6,
+                               max_steps=2, learning_rate=1e-2, reward_weights={"r": 1.0},
+                               sampling_dtype="float32", train_dtype="float32", **LORA),
+                        **changes})
+    return CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, datasets.Dataset.from_list(rows),
+                         reward_funcs={"r": reward})
+
+
+def tie_unless_odd(completions, answer=None, **kw):
+    """Ties (all 0) for prompts with an even answer; a length reward for odd answers."""
+    return [0.0 if int(a) % 2 == 0 else 1.0 / (1 + len(c)) for c, a in zip(completions, answer)]
+
+
+# ---------------------------------------------------------------- dynamic sampling
+def test_dynamic_sampling_fills_the_step_with_informative_groups():
+    # answers 3, 7, 11, 15, 4, 10: only the first four prompts can give unequal rewards
+    rows = [{**r, "answer": a} for r, a in zip(ROWS, ["4", "3", "10", "7", "11", "15"])]
+    plain = _trainer(rows, tie_unless_odd).step()
+    assert plain["prompts_sampled"] == 2 and plain["informative_groups"] == 1
+    trainer = _trainer(rows, tie_unless_odd, dynamic_sampling=True, max_sampling_rounds=4)
+    row = trainer.step()
+    assert row["informative_groups"] == 2 and row["frac_groups_dropped"] == 0.0
+    assert row["sampling_rounds"] == 2 and row["prompts_sampled"] == 4
+    informative = row["prompts_sampled"] * (1 - row["frac_reward_zero_std"])   # ties set aside
+    assert 2 <= informative < 4
+    assert row["prompts_per_informative_group"] == pytest.approx(4 / informative)
+    assert trainer.prompts_used == 4                                      # the cursor moved on
+    assert not row["skipped"]
+
+
+def test_dynamic_sampling_stops_at_its_round_cap():
+    always_tied = lambda completions, **kw: [1.0] * len(completions)     # noqa: E731
+    trainer = _trainer(reward=always_tied, dynamic_sampling=True, max_sampling_rounds=3)
+    row = trainer.step()
+    assert row["sampling_rounds"] == 3 and row["prompts_sampled"] == 6
+    assert row["informative_groups"] == 0 and row["skipped"] and row["grad_norm"] == 0.0
+    assert row["prompts_per_informative_group"] is None
+
+
+def test_concatenated_batches_score_as_their_parts():
+    model, tok = tiny_model(), tiny_tokenizer()
+    a = sample_completions(model, tok, ["abc", "hello there"], 2, 5, seed=0)
+    b = sample_completions(model, tok, ["a much longer prompt"], 2, 8, seed=1)
+    both = concat_batches([a.select_groups(torch.tensor([False, True])), b])
+    assert both.completion_ids.shape[0] == 4 and len(both.completions) == 4
+    whole = per_token_logps(model, both.prompt_ids, both.prompt_mask, both.completion_ids,
+                            both.completion_mask)
+    part = per_token_logps(model, b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
+    m = b.completion_mask == 1
+    torch.testing.assert_close(whole[2:, :b.completion_ids.shape[1]][m], part[m],
+                               atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- prompt order
+def test_easy_first_prompt_order_and_cursor():
+    rows = [{**r, "difficulty": d} for r, d in
+            zip(ROWS, ["advanced", "basic", "intermediate", "basic", "advanced", "intermediate"])]
+    trainer = _trainer(rows, prompt_order="easy_first")
+    seen = [trainer._next_rows(2)["difficulty"] for _ in range(3)]
+    assert seen == [["basic"] * 2, ["intermediate"] * 2, ["advanced"] * 2]
+    assert sorted(trainer.prompt_order) == list(range(6))
+    with pytest.raises(ConfigError, match="prompt_order"):
+        GRPOConfig(prompt_order="hardest")
+
+
+# ---------------------------------------------------------------- num_iterations
+def test_num_iterations_reuses_the_batch_and_the_ratio_leaves_one():
+    one = _trainer(learning_rate=5e-2)
+    two = _trainer(learning_rate=5e-2, num_iterations=2, epsilon_low=0.01, epsilon_high=0.01)
+    r1, r2 = one.step(), two.step()
+    steps = lambda t: {int(s["step"]) for s in t.optimizer.state_dict()["state"].values()}  # noqa: E731
+    assert steps(one) == {1} and steps(two) == {2}       # two AdamW updates on one batch
+    assert r1["clip_ratio/region_mean"] == 0.0            # ratio 1 on the first update
+    assert r2["clip_ratio/region_mean"] > 0.0             # the second update's ratio moved
+    assert r1["prompts_sampled"] == r2["prompts_sampled"] == 2
+    with pytest.raises(ConfigError, match="num_iterations"):
+        GRPOConfig(num_iterations=0)
+
+
+# ---------------------------------------------------------------- truncated completions
+def test_masked_truncated_completions_add_no_loss():
+    # 2 new tokens: the random tiny model almost never stops, so (nearly) every completion is cut
+    masked = _trainer(max_completion_length=2, mask_truncated_completions=True)
+    plain = _trainer(max_completion_length=2)
+    batch, rewards, _ = masked.generate_and_score(masked._rows(0, 2))
+    assert batch.truncated.all()
+    rm, rp = masked.step(masked._rows(0, 2)), plain.step(plain._rows(0, 2))
+    assert rm["loss"] == 0.0 and rm["grad_norm"] == 0.0
+    assert rp["grad_norm"] > 0.0
+
+
+# ---------------------------------------------------------------- bf16 training pass
+def test_bf16_training_pass_matches_fp32_within_tolerance():
+    """Loss within 2e-2 absolute and gradients with cosine similarity > 0.98 (bf16 keeps
+    8 bits of mantissa; the LoRA masters, the log-softmax and AdamW stay fp32)."""
+    results = {}
+    for dtype in ("float32", "bfloat16"):
+        trainer = _trainer(train_dtype=dtype)
+        batch, rewards, _ = trainer.generate_and_score(trainer._rows(0, 2))
+        from grpo_course.grpo import group_advantages, grpo_loss
+        from grpo_course.train import frozen_linear_weights_as
+        adv = group_advantages(rewards, 2)
+        bf16 = dtype == "bfloat16"
+        with frozen_linear_weights_as(trainer.model, torch.bfloat16 if bf16 else None), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logps = per_token_logps(trainer.model, batch.prompt_ids, batch.prompt_mask,
+                                    batch.completion_ids, batch.completion_mask)
+            loss, _ = grpo_loss(logps, batch.sampling_logps, adv, batch.completion_mask)
+        loss.backward()
+        grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters()
+                           if p.requires_grad])
+        masters = {p.dtype for p in trainer.model.parameters() if p.requires_grad}
+        results[dtype] = (float(loss), grads, masters)
+        assert trainer._train_in_bf16() == bf16
+    (l32, g32, m32), (l16, g16, m16) = results["float32"], results["bfloat16"]
+    assert m32 == m16 == {torch.float32}
+    assert abs(l32 - l16) < 2e-2
+    assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.98
+    row = _trainer(train_dtype="bfloat16").step()
+    assert row["train_dtype"] == "bfloat16" and not row["skipped"]
+
+
+# ---------------------------------------------------------------- attribution
+def test_train_saves_the_warm_up_adapter(tmp_path):
+    trainer = _trainer(sft_steps=1, sft_batch_size=2, max_steps=1)
+    trainer.out_dir = tmp_path
+    trainer.train()
+    sft = json.loads((tmp_path / "sft" / "adapter_config.json").read_text())
+    assert sft["base_model_name_or_path"] == "smollm2-135m-instruct"
+    assert (tmp_path / "sft" / "adapter_model.safetensors").is_file()
+
+
+# ---------------------------------------------------------------- dense correctness
+SOLUTION = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+            "Natalia sold 48+24 = <<48+24=72>>72 clips altogether.\n#### 72")
+
+
+def test_intermediate_results_by_hand():
+    from grpo_course.data import solution_results
+    from grpo_course.rewards import intermediate_results
+    assert solution_results(SOLUTION) == ["24", "72"]
+    texts = ["48/2 = 24\n48+24 = 72\n#### 72",          # both steps: F1 1
+             "48/2 = 24\n48+2 = 50\n#### 50",            # first step only: 2*1/(2+2)
+             "48*2 = 96\n#### 96",                       # no step right
+             "no work at all\n#### 72"]                  # nothing computed: 0
+    assert intermediate_results(texts, solution=[SOLUTION] * 4) == pytest.approx(
+        [1.0, 0.5, 0.0, 0.0])
+    with pytest.raises(ValueError, match="solution"):
+        intermediate_results(texts)
+
+
+def test_intermediate_results_resists_chapter_2_hacks():
+    """The heuristic hack of chapter 2 computes nothing the solution computes; listing every
+    number costs precision: F1 stays small however many gold values the list hits."""
+    from grpo_course.rewards import heuristic, intermediate_results
+    hack = ("Step 1: 2 + 2 = 4\nStep 2: 4 * 3 = 12\nStep 3: 12 - 1 = 11\n"
+            "So the final result is clearly the number below.\n#### 11")
+    spam = "\n".join(f"x = {k}" for k in range(100)) + "\n#### 72"
+    h, s = intermediate_results([hack, spam], solution=[SOLUTION] * 2)
+    assert heuristic([hack])[0] == 2.0 and h == 0.0
+    assert s == pytest.approx(2 * 2 / (100 + 2)) and s < 0.05
+
+
+# ---------------------------------------------------------------- the shared warm start
+def test_warm_start_trains_once_and_start_from_loads_it(tmp_path, monkeypatch):
+    import grpo_course.models as models
+    from grpo_course import warmstart
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path))
+    monkeypatch.setattr(models, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
+    data = datasets.Dataset.from_list(ROWS)
+    cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=6,
+                     sft_steps=2, sft_batch_size=2, sft_learning_rate=5e-2, sft_dtype="float32",
+                     **LORA)
+    folder = warmstart.warm_start(cfg, data)
+    assert folder.parent == tmp_path / "warm_start"
+    assert len((folder / "sft_log.jsonl").read_text().splitlines()) == 2
+    # the GRPO fields do not change the recipe's key; an SFT field does
+    assert warmstart.warm_start_key(cfg.__class__(**{**cfg.__dict__, "learning_rate": 1.0}), data) \
+        == folder.name
+    assert warmstart.warm_start_key(cfg.__class__(**{**cfg.__dict__, "sft_steps": 3}), data) \
+        != folder.name
+    with monkeypatch.context() as m:
+        m.setattr(CourseTrainer, "sft", lambda self, steps=None: pytest.fail("retrained"))
+        assert warmstart.warm_start(cfg, data) == folder          # reused, not retrained
+    trainer = CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, data).start_from(folder)
+    saved = torch.load(folder / warmstart.STATE_FILE, weights_only=True)
+    params = dict(trainer.model.named_parameters())
+    assert saved and all(torch.equal(params[n], v) for n, v in saved.items())
+    assert any(v.abs().sum() > 0 for n, v in saved.items() if "lora_B" in n)   # SFT moved B
+    assert trainer.sft_done == 2 and trainer.train(max_steps=0) == []        # straight to GRPO
