@@ -179,7 +179,7 @@ class Profile:
 #: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path).
 GRPO_LEVERS: dict[str, Any] = dict(
     prompt_order="easy_first", dynamic_sampling=True, max_sampling_rounds=2, num_iterations=2,
-    epsilon_high=0.28, mask_truncated_completions=False,
+    epsilon_high=0.28, mask_truncated_completions=True,
     reward_weights={"correctness": 1.0, "exact_format": 0.5, "number_extraction": 0.5,
                     "intermediate_results": 1.0})
 
@@ -208,8 +208,8 @@ PROFILES: dict[str, Profile] = {
         eval=EvalConfig(n=512, batch_size=32, max_new_tokens=200),
         # recipe: a LoRA SFT warm-up on GSM8K train solutions, then GRPO (see chapter 3)
         # GRPO: G = 8, two prompts a step, the levers of chapter 3 (measured in bench/levers.py)
-        grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4, max_steps=20,
-                        num_generations=8, per_step_completions=16, learning_rate=5e-4,
+        grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4, max_steps=15,
+                        num_generations=8, per_step_completions=16, learning_rate=3e-4,
                         **GRPO_LEVERS),
         n_inspect=7473, n_demo=3, reward_prompts=8, reward_max_new_tokens=160,
         extra={},
