@@ -246,6 +246,9 @@ def evaluate(model_name: str, split: str = "test", n: int = 200, offset: int = 0
     from .models import load_model
 
     dataset = load_gsm8k(split, data_dir=data_dir, limit=n, offset=offset)
+    if len(dataset) == 0:
+        raise ValueError(f"no GSM8K {split} problems to evaluate from row {offset} on: the file is "
+                         f"empty or --offset is past its end")
     model, tokenizer = load_model(model_name)
     return evaluate_model(model, tokenizer, dataset, batch_size=batch_size,
                           max_new_tokens=max_new_tokens, progress=progress, name=model_name,

@@ -30,6 +30,7 @@ import dataclasses
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -540,12 +541,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--resume", action="store_true", help="continue OUT/checkpoint")
     args = parser.parse_args(argv)
-    config = get_profile(args.profile).grpo
-    if args.max_steps is not None:
-        config = dataclasses.replace(config, max_steps=args.max_steps)
-    model, tokenizer = load_model(config.model)
-    dataset = load_gsm8k("train", offset=config.train_offset)
     out = Path(args.out)
+    try:
+        config = get_profile(args.profile).grpo
+        if args.max_steps is not None:
+            config = dataclasses.replace(config, max_steps=args.max_steps)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {str(out)!r} is a file; name a folder for the run")
+        model, tokenizer = load_model(config.model)
+        dataset = load_gsm8k("train", offset=config.train_offset)
+    except (ValueError, RuntimeError, OSError) as exc:   # ConfigError, DataError, ModelError
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.resume and (out / "checkpoint").is_dir():
         trainer = CourseTrainer.resume(out / "checkpoint", model, tokenizer, dataset, out_dir=out)
     else:

@@ -43,6 +43,13 @@ def test_cli_missing_data_dir(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_cli_refuses_zero_problems(tmp_path, capsys):
+    (tmp_path / "test.jsonl").write_text("")
+    assert main(["--data-dir", str(tmp_path), "--n", "2", "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no GSM8K test problems" in err[0]
+
+
 @pytest.mark.slow
 def test_cli_json_on_a_few_problems(gsm8k_dir, tmp_path):
     csv_path = tmp_path / "records.csv"

@@ -210,3 +210,24 @@ def test_warm_start_trains_once_and_start_from_loads_it(tmp_path, monkeypatch):
     assert saved and all(torch.equal(params[n], v) for n, v in saved.items())
     assert any(v.abs().sum() > 0 for n, v in saved.items() if "lora_B" in n)   # SFT moved B
     assert trainer.sft_done == 2 and trainer.train(max_steps=0) == []        # straight to GRPO
+
+
+# ---------------------------------------------------------------- the train CLI's errors
+@pytest.mark.parametrize("args,env,match", [
+    (["--max-steps", "-3"], {}, "max_steps"),
+    ([], {"GRPO_COURSE_PROFILE": "huge"}, "unknown profile"),
+])
+def test_train_cli_answers_bad_options_in_one_line(tmp_path, capsys, monkeypatch, args, env, match):
+    from grpo_course.train import main
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["--out", str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and match in err[0]
+
+
+def test_train_cli_rejects_a_file_as_out(tmp_path, capsys):
+    from grpo_course.train import main
+    (tmp_path / "f").write_text("x")
+    assert main(["--profile", "smoke", "--out", str(tmp_path / "f")]) == 2
+    assert "is a file" in capsys.readouterr().err
