@@ -44,15 +44,11 @@ LEVERS = {
 
 
 def cpu_flags() -> dict:
-    flags = set()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    return {f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")}
+    """The machine's vector and matrix extensions, for the results file."""
+    from grpo_course.hardware import cpu_flags as flags, native_bf16
+
+    return {**{f: f in flags() for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")},
+            "native_bf16": native_bf16()}
 
 
 def run_variant(name: str, changes: dict, steps: int, warm_dir, train) -> dict:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import platform
 import subprocess
@@ -30,15 +29,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from grpo_course.hardware import available_cores, peak_rss_mib  # noqa: E402
+
 
 def bench_config(G: int, completions: int, length: int):
     from grpo_course.config import GRPOConfig
     return GRPOConfig(num_generations=G, per_step_completions=completions,
                       max_completion_length=length, sft_steps=0, max_steps=1, seed=0)
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def summarize(seconds: list[float], tokens: list[int], completions: int) -> dict:
@@ -155,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"config": {"num_generations": a.num_generations,
                                "completions_per_step": a.completions,
                                "max_completion_length": a.length, "timed_steps": a.steps,
-                               "threads": len(os.sched_getaffinity(0))},
+                               "threads": available_cores()},
                      "measured": {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
                                   "cpus": os.cpu_count()}}
     if a.only in (None, "ours"):

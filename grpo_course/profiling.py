@@ -29,6 +29,8 @@ import pandas as pd
 import psutil
 import torch
 
+from .hardware import available_cores, rss_bytes
+
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
 
 
@@ -146,7 +148,7 @@ class RSSSampler:
 
     def _sample(self) -> None:
         phase = self.timer.current if self.timer is not None else None
-        self.samples.append((time.perf_counter() - self._t0, self._proc.memory_info().rss,
+        self.samples.append((time.perf_counter() - self._t0, rss_bytes(),
                              self._proc.cpu_percent(None), phase))
 
     def _run(self) -> None:
@@ -221,8 +223,7 @@ def cpu_utilization(fn: Callable[[], Any], cores: int | None = None) -> dict[str
     ``cpu / (wall * cores)`` — the "x % CPU utilization" number. It counts every cycle
     a thread held a core, including OpenMP threads spinning while they wait for work."""
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else (os.cpu_count() or 1)
+        cores = available_cores()
     proc = psutil.Process()
     c0, t0 = proc.cpu_times(), time.perf_counter()
     fn()

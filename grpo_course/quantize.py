@@ -32,6 +32,8 @@ from typing import Any, Sequence
 
 import torch
 
+from .hardware import cpu_features as cpu_int8_features, describe_cpu, rss_bytes  # noqa: F401 (chapter 6)
+
 VARIANTS = ("fp32", "dynamic", "torchao")
 WEIGHTS_FILE = "model.safetensors"
 INFO_FILE = "quantization.json"
@@ -62,39 +64,6 @@ def quiet_torchao() -> None:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
-
-
-def cpu_int8_features() -> dict[str, Any]:
-    """What this CPU offers int8 and bf16 kernels: its name, torch's vector ISA level, and
-    the instruction sets that make int8 dot products (VNNI, AMX) and bf16 matmuls native."""
-    import platform
-
-    flags: set[str] = set()
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    name = value.strip()
-                elif key.strip() == "flags":
-                    flags = set(value.split())
-                    break
-    except OSError:
-        pass
-    return {"cpu": name, "torch_isa": torch.backends.cpu.get_cpu_capability(),
-            "avx512_vnni": "avx512_vnni" in flags, "avx_vnni": "avx_vnni" in flags,
-            "avx512_bf16": "avx512_bf16" in flags or torch.cpu._is_avx512_bf16_supported(),
-            "amx": "amx_tile" in flags or torch.cpu._is_amx_tile_supported()}
-
-
-def describe_cpu(features: dict[str, Any] | None = None) -> str:
-    """One phrase for the prose, e.g. "AMD EPYC; torch ISA AVX512; int8 VNNI: yes; AMX: no"."""
-    f = features or cpu_int8_features()
-    yes = lambda b: "yes" if b else "no"
-    return (f"{f['cpu']}; torch kernels at {f['torch_isa']}; int8 dot products (VNNI): "
-            f"{yes(f['avx512_vnni'] or f['avx_vnni'])}; native bf16: {yes(f['avx512_bf16'])}; "
-            f"AMX: {yes(f['amx'])}")
 
 
 # ---------------------------------------------------------------- making the variants
@@ -380,19 +349,18 @@ def time_decoding(model, tokenizer, prompts: Sequence[str], batch_size: int,
 
 
 class PeakRSS:
-    """Sample this process's resident memory (psutil) every ``interval`` s in a thread."""
+    """Sample this process's resident memory (:func:`~grpo_course.hardware.rss_bytes`) every
+    ``interval`` s in a thread."""
 
     def __init__(self, interval: float = 0.01):
-        import psutil
-
-        self.process, self.interval = psutil.Process(), interval
-        self.peak = self.process.memory_info().rss
+        self.interval = interval
+        self.peak = rss_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.process.memory_info().rss)
+            self.peak = max(self.peak, rss_bytes())
             self._stop.wait(self.interval)
 
     def __enter__(self) -> "PeakRSS":
@@ -402,11 +370,11 @@ class PeakRSS:
     def __exit__(self, *exc: Any) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self.process.memory_info().rss)
+        self.peak = max(self.peak, rss_bytes())
 
     @property
     def now(self) -> int:
-        return self.process.memory_info().rss
+        return rss_bytes()
 
 
 def measure_folder(folder: str | Path, prompts: Sequence[str], batch_sizes: Sequence[int] = (1, 8),

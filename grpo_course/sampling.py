@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import hardware
 from .config import SAMPLING_DTYPES
 
 
@@ -145,13 +146,13 @@ def has_plain_linear_weights(model: torch.nn.Module) -> bool:
 
 
 def resolve_sampling_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
-    """``"auto"`` -> bf16 on CPUs with native bf16 matrix support, else ``None`` (the model's
+    """``"auto"`` -> bf16 on CPUs with native bf16 matrix support
+    (:func:`grpo_course.hardware.native_bf16`), else ``None`` (the model's
     own dtype); ``"float32"``/``"bfloat16"`` or a torch dtype as given."""
     if name is None or isinstance(name, torch.dtype):
         return name
     if name == "auto":
-        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-        return torch.bfloat16 if native else None
+        return torch.bfloat16 if hardware.native_bf16() else None
     if name in SAMPLING_DTYPES:
         return getattr(torch, name)
     raise ValueError(f"sampling_dtype must be one of {', '.join(SAMPLING_DTYPES)}; got {name!r}")

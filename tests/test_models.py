@@ -92,8 +92,11 @@ def test_unreachable_hub_id_is_clear(monkeypatch):
 
 
 def test_set_threads():
+    from grpo_course.hardware import available_cores
     assert set_threads(1) == 1 and torch.get_num_threads() == 1
-    assert set_threads() >= 1
+    assert set_threads(0) == 1                     # at least one thread
+    cores = available_cores()
+    assert set_threads() == cores and torch.get_num_threads() == cores
 
 
 @pytest.mark.slow

@@ -197,11 +197,16 @@ def test_bf16_sampler_stays_close_to_fp32(tiny):
     assert torch.equal(s1.completion_ids, s2.completion_ids)
 
 
-def test_sampling_dtype_names():
+def test_sampling_dtype_names(monkeypatch):
+    from grpo_course import hardware
     from grpo_course.sampling import resolve_sampling_dtype
     assert resolve_sampling_dtype(None) is None
     assert resolve_sampling_dtype("float32") is torch.float32
     assert resolve_sampling_dtype("bfloat16") is torch.bfloat16
-    assert resolve_sampling_dtype("auto") in (None, torch.bfloat16)
+    assert resolve_sampling_dtype(torch.float16) is torch.float16
+    monkeypatch.setattr(hardware, "native_bf16", lambda: True)
+    assert resolve_sampling_dtype("auto") is torch.bfloat16
+    monkeypatch.setattr(hardware, "native_bf16", lambda: False)
+    assert resolve_sampling_dtype("auto") is None
     with pytest.raises(ValueError, match="sampling_dtype"):
         resolve_sampling_dtype("fp8")
