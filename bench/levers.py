@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from grpo_course.config import get_profile
     from grpo_course.data import load_gsm8k
-    from grpo_course.evaluate import _write_atomic
+    from grpo_course.atomic import write_json_atomic
     from grpo_course.warmstart import warm_start
 
     train = load_gsm8k("train")
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         result["variants"][name] = run_variant(name, LEVERS.get(name, {}), a.steps, warm_dir, train)
         print(f"{name}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    _write_atomic(Path(a.out), json.dumps(result, indent=2))
+    write_json_atomic(a.out, result, indent=2)
     print(json.dumps(result))
     return 0
 

@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from grpo_course.atomic import write_json_atomic  # noqa: E402
 from grpo_course.hardware import available_cores, peak_rss_mib  # noqa: E402
 
 
@@ -185,9 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmark failed ({', '.join(errors)}); {a.out} left unchanged", file=sys.stderr)
         return 1
     out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     previous = json.loads(out.read_text()) if out.is_file() else {}
-    out.write_text(json.dumps({**previous, **result}, indent=2))
+    write_json_atomic(out, {**previous, **result}, indent=2)
     print(json.dumps(result))
     return 0
 

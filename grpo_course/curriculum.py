@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
+from .atomic import atomic_write
 from .data import STRATA, chat_prompt, extract_hash_answer, sft_text
 
 EWC_FILE = "ewc.safetensors"
@@ -312,16 +313,16 @@ class EWC:
 
     def save(self, path: str | Path) -> Path:
         """Write ``ewc.safetensors`` (Fisher and anchor, ``lam`` in the metadata) into the
-        folder ``path`` (e.g. a checkpoint folder), or to ``path`` if it ends in .safetensors."""
+        folder ``path`` (e.g. a checkpoint folder), or to ``path`` if it ends in .safetensors;
+        atomically (:func:`~grpo_course.atomic.atomic_write`)."""
         from safetensors.torch import save_file
 
         path = Path(path)
         target = path if path.suffix == ".safetensors" else path / EWC_FILE
-        target.parent.mkdir(parents=True, exist_ok=True)
         tensors = {f"fisher/{n}": t.contiguous() for n, t in self.fisher.items()}
         tensors.update({f"anchor/{n}": t.contiguous() for n, t in self.anchor.items()})
-        save_file(tensors, str(target), metadata={"lam": json.dumps(self.lam)})
-        return target
+        metadata = {"lam": json.dumps(self.lam)}
+        return atomic_write(target, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
     @classmethod
     def load(cls, path: str | Path) -> "EWC":

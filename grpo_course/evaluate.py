@@ -11,7 +11,6 @@ import csv
 import hashlib
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .atomic import atomic_write, write_json_atomic
 from .config import SAMPLING_DTYPES
 from .data import SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k
 from .rewards import computed_results
@@ -171,13 +171,6 @@ def _cache_file(key: dict[str, Any]) -> Path:
     return cache_dir() / "evals" / f"{name}.json"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_tokens: int = 256,
                    system_prompt: str = SYSTEM_PROMPT, progress: bool = True,
                    name: str = "", sampling_dtype: str | None = "auto",
@@ -233,8 +226,8 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
     done = [r for r in records if r is not None]
     result = EvalResult.from_records(done, time.perf_counter() - start, name)
     if path is not None:
-        _write_atomic(path, json.dumps({"key": {k: v for k, v in key.items() if k != "prompts"},
-                                        "seconds": result.seconds, "records": done}))
+        write_json_atomic(path, {"key": {k: v for k, v in key.items() if k != "prompts"},
+                                 "seconds": result.seconds, "records": done})
     return result
 
 
@@ -307,12 +300,15 @@ def pass_at_k(model, tokenizer, dataset, k: int, max_new_tokens: int, temperatur
 
 
 def write_csv(result: EvalResult, path: str) -> None:
-    """Per-problem records as CSV."""
+    """Per-problem records as CSV (written atomically)."""
     keys = list(result.records[0]) if result.records else ["idx"]
-    with open(path, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(result.records)
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(result.records)
+    atomic_write(path, write)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

