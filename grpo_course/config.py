@@ -6,9 +6,16 @@ environment variable ``GRPO_COURSE_PROFILE`` (``smoke`` | ``full``, default
 """
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from .atomic import write_text_atomic
 
 PROFILE_ENV = "GRPO_COURSE_PROFILE"
 PROFILE_NAMES = ("smoke", "full")
@@ -42,44 +49,71 @@ class EvalConfig:
 class GRPOConfig:
     """The from-scratch trainer's hyper-parameters (TRL's names where they exist)."""
 
-    model: str = DEFAULT_MODEL
-    num_generations: int = 4            # G: completions per prompt
-    per_step_completions: int = 8       # B: completions per optimizer step (prompts = B / G)
-    max_completion_length: int = 128
-    max_steps: int = 40
-    learning_rate: float = 2e-4
-    beta: float = 0.0                   # KL weight; 0 -> no reference model in memory
-    epsilon_low: float = 0.2
-    epsilon_high: float | None = None   # None -> same as epsilon_low
-    loss_type: str = "grpo"             # grpo | bnpo | dr_grpo | dapo
-    scale_rewards: str = "group"        # group | batch | none
-    num_iterations: int = 1             # mu: optimizer updates per sampled batch (the ratio leaves 1 after the first)
-    mask_truncated_completions: bool = False  # completions cut off by max_completion_length add no loss
-    dynamic_sampling: bool = False      # DAPO: resample until the step holds enough groups with unequal rewards
-    max_sampling_rounds: int = 4        # cap on dynamic sampling's rounds per step
-    prompt_order: str = "random"        # random | easy_first (basic -> intermediate -> advanced, chapter 1's strata)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    sampling_dtype: str = "auto"        # sampler weights: auto (bf16 on bf16-capable CPUs) | float32 | bfloat16
-    train_dtype: str = "auto"           # GRPO training pass: auto (bf16 autocast on bf16-capable CPUs) | float32 | bfloat16
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    use_lora: bool = True
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj",
-                                             "gate_proj", "up_proj", "down_proj")
+    _argument_group_name = "GRPOConfig (TRL's names; each a flag and a YAML key)"  # for --help
+
+    model: str = field(default=DEFAULT_MODEL, metadata={
+        "help": "Policy to train: the bundled name, a model or adapter folder, or a hub id."})
+    num_generations: int = field(default=4, metadata={
+        "help": "G: completions sampled per prompt (the group whose mean reward is the baseline)."})
+    per_step_completions: int = field(default=8, metadata={
+        "help": "B: completions per optimizer step; prompts per step = B / G."})
+    max_completion_length: int = field(default=128, metadata={
+        "help": "Most new tokens sampled per completion."})
+    max_steps: int = field(default=40, metadata={"help": "GRPO optimizer steps of the run."})
+    learning_rate: float = field(default=2e-4, metadata={"help": "AdamW learning rate of GRPO."})
+    beta: float = field(default=0.0, metadata={
+        "help": "KL weight; 0 keeps no reference model in memory."})
+    epsilon_low: float = field(default=0.2, metadata={
+        "help": "Lower clipping bound of the ratio (1 - epsilon_low)."})
+    epsilon_high: float | None = field(default=None, metadata={
+        "help": "Upper clipping bound of the ratio (1 + epsilon_high); none: same as epsilon_low."})
+    loss_type: str = field(default="grpo", metadata={
+        "help": "Loss normalization: grpo | bnpo | dr_grpo | dapo."})
+    scale_rewards: str = field(default="group", metadata={
+        "help": "Advantage scaling by the reward std: group | batch | none."})
+    num_iterations: int = field(default=1, metadata={
+        "help": "mu: optimizer updates per sampled batch (the ratio leaves 1 after the first)."})
+    mask_truncated_completions: bool = field(default=False, metadata={
+        "help": "Completions cut off by max_completion_length add no loss."})
+    dynamic_sampling: bool = field(default=False, metadata={
+        "help": "DAPO: resample until the step holds enough groups with unequal rewards."})
+    max_sampling_rounds: int = field(default=4, metadata={
+        "help": "Cap on dynamic sampling's rounds per step."})
+    prompt_order: str = field(default="random", metadata={
+        "help": "random | easy_first (basic -> intermediate -> advanced, chapter 1's strata)."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling: keep this much probability mass."})
+    sampling_dtype: str = field(default="auto", metadata={
+        "help": "Sampler weights: auto (bf16 on bf16-capable CPUs) | float32 | bfloat16."})
+    train_dtype: str = field(default="auto", metadata={
+        "help": "GRPO training pass: auto (bf16 autocast on bf16-capable CPUs) | float32 | bfloat16."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    use_lora: bool = field(default=True, metadata={
+        "help": "Train LoRA adapters (peft) instead of every weight."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input."})
+    lora_target_modules: tuple[str, ...] = field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        metadata={"help": "Modules that get adapters (space-separated names)."})
     reward_weights: dict[str, float] = field(default_factory=lambda: {
-        "correctness": 1.0, "exact_format": 0.5, "number_extraction": 0.5})
-    sft_steps: int = 0                  # supervised warm-up steps on GSM8K train solutions
-    sft_batch_size: int = 8
-    sft_learning_rate: float = 5e-4
-    sft_dtype: str = "auto"             # SFT matmuls: auto (bf16 autocast on bf16-capable CPUs) | float32 | bfloat16
-    train_offset: int = 0               # first GSM8K train row used
-    seed: int = 0
-    log_every: int = 1
-    save_every: int = 0                 # 0 -> only at the end (and on Ctrl-C)
+        "correctness": 1.0, "exact_format": 0.5, "number_extraction": 0.5}, metadata={
+        "help": "Reward functions and their weights; a JSON object on the command line, "
+                "e.g. '{\"correctness\": 1.0}'."})
+    sft_steps: int = field(default=0, metadata={
+        "help": "Supervised warm-up steps on GSM8K train solutions before GRPO."})
+    sft_batch_size: int = field(default=8, metadata={"help": "Solutions per warm-up step."})
+    sft_learning_rate: float = field(default=5e-4, metadata={"help": "AdamW learning rate of the warm-up."})
+    sft_dtype: str = field(default="auto", metadata={
+        "help": "Warm-up matmuls: auto (bf16 autocast on bf16-capable CPUs) | float32 | bfloat16."})
+    train_offset: int = field(default=0, metadata={"help": "First GSM8K train row used."})
+    seed: int = field(default=0, metadata={"help": "Seed of the prompt order, LoRA init and sampling."})
+    log_every: int = field(default=1, metadata={
+        "help": "Steps between logged rows (kept for TRL-style recipes: the course trainer "
+                "logs every step)."})
+    save_every: int = field(default=0, metadata={
+        "help": "Steps between checkpoints; 0: only at the end (and on Ctrl-C)."})
 
     def __post_init__(self) -> None:
         check_group_config(self.num_generations, self.per_step_completions)
@@ -120,6 +154,118 @@ def check_group_config(num_generations: int, batch_completions: int) -> None:
         raise ConfigError(
             f"the batch of {batch_completions} completions is not divisible by "
             f"num_generations={num_generations}; use a multiple of {num_generations}")
+
+
+# ---------------------------------------------------------------- recipes and run configs
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"   # the repository's recipes/*.yaml
+RUN_CONFIG_FILE = "config.yaml"     # a run folder's resolved GRPOConfig (+ profile)
+_TRUE, _FALSE = ("true", "yes", "y", "1"), ("false", "no", "n", "0")
+
+
+def _describe(kind: Any) -> str:
+    """A field type in words, for error messages."""
+    if get_origin(kind) in (Union, UnionType):
+        inner = [a for a in get_args(kind) if a is not type(None)]
+        return f"{_describe(inner[0])} or none"
+    if get_origin(kind) is tuple:
+        return "a list of strings"
+    if get_origin(kind) is dict:
+        return "a mapping of names to numbers (a JSON object on the command line)"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[kind]
+
+
+def _coerce(kind: Any, value: Any) -> Any:
+    """``value`` as type ``kind``; ValueError when it is not one."""
+    origin = get_origin(kind)
+    if origin in (Union, UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return _coerce(next(a for a in get_args(kind) if a is not type(None)), value)
+    if origin is tuple:
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ValueError
+    if origin is dict:
+        value = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ValueError
+        return {k: _coerce(float, v) for k, v in value.items()}
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+            return value.lower() in _TRUE
+        raise ValueError
+    if isinstance(value, bool):             # YAML's true is no integer here
+        raise ValueError
+    if kind is int and isinstance(value, (int, str)):
+        return int(value)
+    if kind is float and isinstance(value, (int, float, str)):
+        return float(value)
+    if kind is str and isinstance(value, str):
+        return value
+    raise ValueError
+
+
+def coerce_field(name: str, value: Any) -> Any:
+    """``value`` (from YAML, JSON or a flag) as the type of GRPOConfig field ``name``: YAML's
+    ``1e-4`` string becomes a float, a list of modules a tuple, a JSON object a dict."""
+    kinds = get_type_hints(GRPOConfig)
+    if name not in kinds:
+        raise ConfigError(f"unknown GRPOConfig field {name!r} "
+                          f"(python -m grpo_course.train --help lists them)")
+    try:
+        return _coerce(kinds[name], value)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{name} must be {_describe(kinds[name])}; got {value!r}") from None
+
+
+def load_recipe(path: str | os.PathLike, extra_keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The GRPOConfig fields of a YAML recipe, typed (keys in ``extra_keys`` pass unchanged)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"recipe {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"recipe {str(path)!r} is not valid YAML{where}: {problem}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"recipe {str(path)!r} must be a mapping of GRPOConfig fields to "
+                          f"values; got {type(raw).__name__}")
+    try:
+        return {k: v if k in extra_keys else coerce_field(str(k), v) for k, v in raw.items()}
+    except ConfigError as exc:
+        raise ConfigError(f"recipe {str(path)!r}: {exc}") from None
+
+
+def config_to_dict(config: GRPOConfig) -> dict[str, Any]:
+    """Every field of ``config`` as plain YAML/JSON values (tuples become lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
+
+
+def save_run_config(folder: str | os.PathLike, config: GRPOConfig,
+                    profile: str | None = None) -> Path:
+    """Write ``folder/config.yaml`` atomically: the profile's name and every field of
+    ``config``. It is a recipe too: ``--config folder/config.yaml`` reruns it."""
+    folder = Path(folder)
+    body = ({"profile": profile} if profile else {}) | config_to_dict(config)
+    text = ("# The resolved GRPOConfig of this run (grpo_course.train writes it at the start).\n"
+            f"# Rerun: python -m grpo_course.train --config {folder / RUN_CONFIG_FILE} --out NEW_DIR\n"
+            + yaml.safe_dump(body, sort_keys=False))
+    return write_text_atomic(folder / RUN_CONFIG_FILE, text)
+
+
+def load_run_config(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The config a run folder was trained with (``profile`` + fields), or ``None`` if absent."""
+    path = Path(folder) / RUN_CONFIG_FILE
+    if not path.is_file():
+        return None
+    return load_recipe(path, extra_keys=("profile",))
 
 
 @dataclass(frozen=True)
@@ -176,12 +322,9 @@ class Profile:
         return replace(self, grpo=replace(self.grpo, **changes))
 
 
-#: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path).
-GRPO_LEVERS: dict[str, Any] = dict(
-    prompt_order="easy_first", dynamic_sampling=True, max_sampling_rounds=2, num_iterations=2,
-    epsilon_high=0.28, mask_truncated_completions=True,
-    reward_weights={"correctness": 1.0, "exact_format": 0.5, "number_extraction": 0.5,
-                    "intermediate_results": 1.0})
+#: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),
+#: read from the recipe that a student runs from the shell: ``recipes/grpo_levers.yaml``.
+GRPO_LEVERS: dict[str, Any] = load_recipe(RECIPES_DIR / "grpo_levers.yaml")
 
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
