@@ -16,6 +16,9 @@ batch is used once, ``old_per_token_logps`` is the policy's own log-probs detach
 CLI: ``python -m grpo_course.train --profile full --out DIR`` trains and saves an
 adapter folder that :func:`grpo_course.models.load_model` loads, and the adapter at the end of
 the warm-up in ``DIR/sft`` (so ``evaluate --model DIR/sft --compare DIR`` tests what GRPO added).
+Every :class:`GRPOConfig` field is a flag (``--num_generations 8``), a YAML recipe sets any of
+them (``--config recipes/dr_grpo.yaml``; :mod:`grpo_course.cli`), and ``DIR/config.yaml``
+keeps the resolved config of the run.
 
 One GRPO step (:meth:`CourseTrainer.step`) samples G completions per prompt and scores them
 (:meth:`CourseTrainer.generate_and_score`; with ``dynamic_sampling`` it resamples until the
@@ -24,7 +27,6 @@ step holds enough groups with unequal rewards), then runs ``num_iterations`` upd
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -38,7 +40,7 @@ from typing import Any, Callable
 
 import torch
 
-from .config import ConfigError, GRPOConfig, get_profile
+from .config import ConfigError, GRPOConfig, save_run_config
 from .data import chat_prompts, sft_text
 from .grpo import group_advantages, grpo_loss, per_token_logps, zero_std_groups
 from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
@@ -114,7 +116,8 @@ class CourseTrainer:
 
     def __init__(self, model, tokenizer, config: GRPOConfig, train_dataset,
                  reward_funcs: dict[str, Callable] | None = None, out_dir=None,
-                 penalty: Callable | None = None, timer=None, skip_zero_variance: bool = True):
+                 penalty: Callable | None = None, timer=None, skip_zero_variance: bool = True,
+                 profile: str | None = None):
         if len(train_dataset) == 0:
             raise ConfigError("train_dataset is empty")
         self.config, self.tokenizer, self.dataset = config, tokenizer, train_dataset
@@ -126,6 +129,7 @@ class CourseTrainer:
             raise ConfigError(f"reward_weights names {missing}, absent from reward_funcs")
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.penalty, self.timer = penalty, timer
+        self.profile = profile      # the profile's name, recorded in out_dir/config.yaml
         # a batch whose advantages are all 0 has no gradient: skip its backward (False: always run it)
         self.skip_zero_variance = skip_zero_variance
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -441,6 +445,8 @@ class CourseTrainer:
         cfg = self.config
         max_steps = cfg.max_steps if max_steps is None else max_steps
         rows_out: list[dict] = []
+        if self.out_dir is not None:       # the resolved config beside the metrics
+            save_run_config(self.out_dir, dataclasses.replace(cfg, max_steps=max_steps), self.profile)
         try:
             rows_out += self.sft()
             if self.out_dir is not None and cfg.sft_steps and self.global_step == 0 \
@@ -495,13 +501,17 @@ class CourseTrainer:
         return _atomic_dir(Path(path), write)
 
     @classmethod
-    def resume(cls, path, model, tokenizer, train_dataset, **kwargs) -> "CourseTrainer":
-        """A trainer that continues the run saved at ``path`` (``model`` = the fresh base)."""
+    def resume(cls, path, model, tokenizer, train_dataset, config: GRPOConfig | None = None,
+               **kwargs) -> "CourseTrainer":
+        """A trainer that continues the run saved at ``path`` (``model`` = the fresh base), with
+        the config saved there or ``config`` (the CLI's: saved < recipe < flags)."""
         path = Path(path)
         meta = json.loads((path / "trainer.json").read_text())
-        cfg = meta["config"]
-        cfg["lora_target_modules"] = tuple(cfg["lora_target_modules"])
-        trainer = cls(model, tokenizer, GRPOConfig(**cfg), train_dataset, **kwargs)
+        if config is None:
+            cfg = meta["config"]
+            cfg["lora_target_modules"] = tuple(cfg["lora_target_modules"])
+            config = GRPOConfig(**cfg)
+        trainer = cls(model, tokenizer, config, train_dataset, **kwargs)
         state = torch.load(path / "state.pt", weights_only=True)
         params = dict(trainer.model.named_parameters())
         with torch.no_grad():
@@ -514,34 +524,29 @@ class CourseTrainer:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m grpo_course.train``: options in :mod:`grpo_course.cli` (``--help``)."""
+    from .cli import CHECKPOINT, parse_train_args
     from .data import load_gsm8k
     from .models import load_model
 
-    parser = argparse.ArgumentParser(description="Train the bundled model with GRPO.")
-    parser.add_argument("--profile", default=None, help="smoke | full")
-    parser.add_argument("--out", required=True, help="folder for the model, metrics, checkpoint")
-    parser.add_argument("--max-steps", type=int, default=None)
-    parser.add_argument("--resume", action="store_true", help="continue OUT/checkpoint")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
     try:
-        config = get_profile(args.profile).grpo
-        if args.max_steps is not None:
-            config = dataclasses.replace(config, max_steps=args.max_steps)
+        args, config, profile = parse_train_args(argv)
+        out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {str(out)!r} is a file; name a folder for the run")
         model, tokenizer = load_model(config.model)
         dataset = load_gsm8k("train", offset=config.train_offset)
     except (ValueError, RuntimeError, OSError) as exc:   # ConfigError, DataError, ModelError
-        print(f"error: {exc}", file=sys.stderr)
+        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
         return 2
-    if args.resume and (out / "checkpoint").is_dir():
-        trainer = CourseTrainer.resume(out / "checkpoint", model, tokenizer, dataset, out_dir=out)
+    if args.resume and (out / CHECKPOINT).is_dir():
+        trainer = CourseTrainer.resume(out / CHECKPOINT, model, tokenizer, dataset, config=config,
+                                       out_dir=out, profile=profile)
     else:
-        trainer = CourseTrainer(model, tokenizer, config, dataset, out_dir=out)
-    trainer.train(max_steps=args.max_steps)   # on --resume too: the flag wins over the checkpoint
+        trainer = CourseTrainer(model, tokenizer, config, dataset, out_dir=out, profile=profile)
+    trainer.train()              # config.max_steps: on --resume too, a flag wins over the checkpoint
     trainer.save_model(out)
-    trainer.save_checkpoint(out / "checkpoint")
+    trainer.save_checkpoint(out / CHECKPOINT)
     print(json.dumps({"model": str(out), "steps": trainer.global_step,
                       "sft_steps": trainer.sft_done}))
     return 0
