@@ -3,6 +3,9 @@
 CLI::
 
     python -m grpo_course.evaluate --model smollm2-135m-instruct --split test --n 200 --json
+
+A run folder of :mod:`grpo_course.train` as ``--model`` (or ``--compare``) also prints the config
+it was trained with (under ``run_configs`` with ``--json``).
 """
 from __future__ import annotations
 
@@ -12,15 +15,17 @@ import hashlib
 import json
 import math
 import sys
+import textwrap
 import time
 from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import torch
+import yaml
 
 from .atomic import atomic_write, write_json_atomic
-from .config import SAMPLING_DTYPES
+from .config import RUN_CONFIG_FILE, SAMPLING_DTYPES, ConfigError, load_run_config
 from .data import SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k
 from .rewards import computed_results
 
@@ -311,6 +316,20 @@ def write_csv(result: EvalResult, path: str) -> None:
     atomic_write(path, write)
 
 
+def run_configs(names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The saved config (``config.yaml`` of :mod:`grpo_course.train`) of each name that is a
+    run folder holding one; an unreadable one is reported as ``{"error": ...}``."""
+    configs = {}
+    for name in names:
+        try:
+            config = load_run_config(name) if Path(name).is_dir() else None
+        except ConfigError as exc:
+            config = {"error": str(exc)}
+        if config is not None:
+            configs[name] = {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()}
+    return configs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_course.evaluate",
                                      description="Greedy GSM8K evaluation with 95 % intervals.")
@@ -347,9 +366,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = results[0].summary()
     if args.compare:
         summary["compare"] = {"other": results[1].summary(), **compare(results[0], results[1])}
+    configs = run_configs(names)
     if args.json:
+        summary["run_configs"] = configs        # {run folder: the config it was trained with}
         print(json.dumps(summary))
         return 0
+    for name, config in configs.items():
+        print(f"{name} was trained with ({Path(name) / RUN_CONFIG_FILE}):")
+        print(textwrap.indent(yaml.safe_dump(config, sort_keys=False), "  "), end="")
     for result in results:
         lo, hi = result.accuracy_ci95
         print(f"{result.model}: accuracy {result.accuracy:.1%} (95% CI {lo:.1%}-{hi:.1%}), "

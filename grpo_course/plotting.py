@@ -1,4 +1,5 @@
-"""Figures for a training run's metrics log (``metrics.jsonl`` from :mod:`grpo_course.train`)
+"""Figures for a training run's metrics log (``metrics.jsonl`` from :mod:`grpo_course.train`;
+the run's ``config.yaml`` read, printed and compared between runs beside them)
 and for the throughput benchmark's results (``data/throughput.json`` from ``bench/throughput.py``),
 and :func:`glue`, which puts a computed number into the book's prose."""
 from __future__ import annotations
@@ -30,6 +31,37 @@ def read_metrics(source) -> list[dict]:
     if path.is_dir():
         path = path / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_run_config(source) -> dict[str, Any] | None:
+    """The config a run folder was trained with (its ``config.yaml``, written by
+    :mod:`grpo_course.train`: ``profile`` and every GRPOConfig field), or ``None``."""
+    from .config import RUN_CONFIG_FILE, load_run_config
+
+    path = Path(source)
+    return load_run_config(path.parent if path.name == RUN_CONFIG_FILE else path)
+
+
+def print_run_config(source) -> dict[str, Any] | None:
+    """Print a run folder's config, one ``field: value`` a line; returns it (``None`` if absent)."""
+    config = read_run_config(source)
+    if config is None:
+        print(f"{source}: no config.yaml (not a run of grpo_course.train)")
+        return None
+    print(f"{source}:")
+    width = max(map(len, config))
+    for key, value in config.items():
+        print(f"  {key:<{width}}  {list(value) if isinstance(value, tuple) else value}")
+    return config
+
+
+def config_differences(runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{field: {label: value}}`` for the fields on which the configs of ``runs`` (label -> run
+    folder, as for :func:`plot_metrics`) differ; a run without a config shows ``None``."""
+    configs = {label: read_run_config(src) or {} for label, src in runs.items()}
+    keys = list(dict.fromkeys(k for c in configs.values() for k in c))
+    table = {k: {label: c.get(k) for label, c in configs.items()} for k in keys}
+    return {k: row for k, row in table.items() if len({repr(v) for v in row.values()}) > 1}
 
 
 def series(rows: Iterable[dict], key: str, phase: str = "grpo") -> tuple[list[int], list[float]]:
