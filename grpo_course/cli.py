@@ -131,3 +131,28 @@ def parse_train_args(argv: Sequence[str] | None = None) -> tuple[TrainArguments,
     fields = {k: coerce_field(k, v) for k, v in values.items() if k not in run_names}
     return args, GRPOConfig(**fields), profile
 
+
+
+def _flag_value(value: Any) -> list[str]:
+    """A field value as command-line words (the inverse of the parser's reading)."""
+    if isinstance(value, (tuple, list)):
+        return [str(v) for v in value]
+    if isinstance(value, dict):
+        return [json.dumps(value)]
+    if value is None or isinstance(value, bool):
+        return [str(value).lower()]
+    return [str(value)]
+
+
+def train_command(config: GRPOConfig, profile: str, out: str | Path,
+                  recipe: str | Path | None = None) -> str:
+    """The shell command that trains ``config``: ``--profile`` and ``--config recipe``, then a
+    flag for each field the two leave different (what a chapter prints for its run)."""
+    import shlex
+    base = {**dataclasses.asdict(get_profile(profile).grpo), **(load_recipe(recipe) if recipe else {})}
+    words = ["python", "-m", "grpo_course.train", "--profile", get_profile(profile).name]
+    words += ["--config", str(recipe)] if recipe else []
+    for name, value in dataclasses.asdict(config).items():
+        if value != base[name]:
+            words += [f"--{name}", *_flag_value(value)]
+    return " ".join(shlex.quote(w) for w in [*words, "--out", str(out)])

@@ -206,3 +206,20 @@ def test_out_is_required(capsys):
     from grpo_course.train import main
     assert main(["--profile", "smoke"]) == 2
     assert capsys.readouterr().err.strip() == "error: --out is required: name a folder for the run"
+
+
+@pytest.mark.parametrize("profile", C.PROFILE_NAMES)
+def test_train_command_round_trips(profile):
+    import shlex
+    from grpo_course.cli import train_command
+    P = C.PROFILES[profile]
+    cfg = dataclasses.replace(P.grpo, num_generations=4, per_step_completions=8, max_steps=3,
+                              epsilon_high=None, use_lora=False, lora_target_modules=("q_proj",),
+                              reward_weights={"correctness": 1.0}, loss_type="dr_grpo")
+    command = train_command(cfg, profile, "runs/x", recipe=C.RECIPES_DIR / "dr_grpo.yaml")
+    assert "--loss_type" not in command and "--learning_rate" not in command   # recipe, profile
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "grpo_course.train"]
+    args, again, name = parse_train_args(words[3:])
+    assert (again, name, args.out) == (cfg, profile, "runs/x")
+    assert train_command(P.grpo, profile, "o").endswith(f"--profile {profile} --out o")
