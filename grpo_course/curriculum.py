@@ -120,7 +120,7 @@ def measure_pass_rates(model, tokenizer, dataset, per_stratum: int = 16,
     """Fraction of ``num_generations`` sampled completions that answer correctly, on the
     first ``per_stratum`` problems of each stratum of ``dataset`` (the current model's
     pass rate, for :func:`order_by_pass_rate`)."""
-    from .evaluate import answers_match
+    from .answers import answers_match
     from .sampling import sample_completions
 
     rates = {}

@@ -1,4 +1,5 @@
-"""GSM8K: loading, answer normalization, difficulty strata and chat prompts.
+"""GSM8K: loading, difficulty strata and chat prompts (answers are normalized by
+:mod:`grpo_course.answers`).
 
 Source order for :func:`load_gsm8k`: the ``data_dir`` argument, then the
 environment variable ``GSM8K_DIR`` (a folder with ``train.jsonl`` and
@@ -9,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Iterable
+
+from .answers import extract_hash_answer, normalize_number  # also importable from here (chapter 1)
 
 DATA_ENV = "GSM8K_DIR"
 SPLITS = ("train", "test")
@@ -33,38 +35,6 @@ class DataError(ValueError):
 
 
 # ---------------------------------------------------------------- numbers
-def normalize_number(text: str) -> str | None:
-    """Canonical string of the number in ``text`` or ``None``.
-
-    ``"1,000.50" -> "1000.5"``, ``"$-3" -> "-3"``, ``"7.0" -> "7"``, ``"3/4" -> "0.75"``,
-    ``"1e5" -> "100000"``. Thousands commas, currency, percent signs and spaces are ignored.
-    """
-    if text is None:
-        return None
-    s = str(text).strip().replace(",", "").replace("$", "").replace("%", "")
-    s = s.replace("\u2212", "-").replace(" ", "").rstrip(".")
-    if not s:
-        return None
-    try:
-        if re.fullmatch(r"-?\d+/\d+", s):
-            num, den = s.split("/")
-            if int(den) == 0:
-                return None
-            value = Decimal(num) / Decimal(den)
-        elif re.fullmatch(r"-?(\d+\.?\d*|\.\d+)(e[+-]?\d{1,3})?", s, flags=re.I):
-            value = Decimal(s)
-        else:
-            return None
-    except (InvalidOperation, ValueError):
-        return None
-    if not value.is_finite():
-        return None
-    text_value = format(value.normalize(), "f")
-    if "." in text_value:
-        text_value = text_value.rstrip("0").rstrip(".")
-    return "0" if text_value in ("-0", "") else text_value
-
-
 def last_number(text: str) -> str | None:
     """The last number written in free text, normalized (``None`` if there is none)."""
     found = _NUMBER.findall(text or "")
@@ -73,17 +43,6 @@ def last_number(text: str) -> str | None:
         if value is not None:
             return value
     return None
-
-
-def extract_hash_answer(text: str) -> str | None:
-    """The normalized number on the last ``#### ...`` line of ``text`` (``None`` if absent).
-
-    One checker for the whole course: this is :func:`grpo_course.rewards.extract_answer`
-    with GSM8K's ``####`` format, so evaluation and rewards never disagree.
-    """
-    from .rewards import extract_answer
-
-    return extract_answer(text or "")
 
 
 # ---------------------------------------------------------------- rows

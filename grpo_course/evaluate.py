@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import torch
 import yaml
 
+from .answers import answers_match  # the course's one correctness rule (also the rewards')
 from .atomic import atomic_write, write_json_atomic
 from .config import RUN_CONFIG_FILE, SAMPLING_DTYPES, ConfigError, load_run_config
 from .data import SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k
@@ -40,16 +41,6 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def answers_match(predicted: str | None, gold: str) -> bool:
-    """Numeric equality of two normalized answers (tolerance 1e-6)."""
-    if predicted is None:
-        return False
-    try:
-        return math.isclose(float(predicted), float(gold), rel_tol=1e-9, abs_tol=1e-6)
-    except ValueError:
-        return predicted == gold
 
 
 def work_consistent(completion: str) -> bool | None:

@@ -10,59 +10,27 @@ float per completion and never raises.
 The answer format is configurable (:class:`AnswerFormat`); the course teaches
 GSM8K's own final line ``#### <number>`` (:data:`HASH_FORMAT`), and
 :data:`TAG_FORMAT` is the ``<reasoning>...</reasoning><answer>...</answer>`` style of
-many GRPO notebooks. Number parsing is :mod:`grpo_course.data`'s.
+many GRPO notebooks. Number parsing, the answer slot and the correctness rule are
+:mod:`grpo_course.answers`' (shared with evaluation).
 """
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
 
-from grpo_course.data import normalize_number
+from grpo_course.answers import (HASH_FORMAT, TAG_FORMAT, AnswerFormat,  # noqa: F401
+                                 answer_slot, answers_match, extract_answer, normalize_number,
+                                 parse_answer)
+from grpo_course.data import solution_results
 
 RewardFn = Callable[..., list[float]]
 
 
-@dataclass(frozen=True)
-class AnswerFormat:
-    """Where the reasoning and the final answer go. Empty strings mean "no tag".
-
-    With an empty ``solution_end`` the answer slot ends at the end of its line.
-    """
-
-    reasoning_start: str = ""
-    reasoning_end: str = ""
-    solution_start: str = "####"
-    solution_end: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.solution_start:
-            raise ValueError("AnswerFormat.solution_start must be a non-empty marker, "
-                             "e.g. '####' or '<answer>'")
-
-    @property
-    def tags(self) -> tuple[str, ...]:
-        """The non-empty markers, in the order they must appear."""
-        return tuple(t for t in (self.reasoning_start, self.reasoning_end,
-                                 self.solution_start, self.solution_end) if t)
-
-    def render(self, reasoning: str, answer: str) -> str:
-        """A perfectly formatted completion (useful for tests and SFT targets)."""
-        sep = "\n" if not self.solution_end else ""
-        return (f"{self.reasoning_start}{reasoning}{self.reasoning_end}{sep}"
-                f"{self.solution_start} {answer}{self.solution_end}")
-
-
-#: The course's format: GSM8K's own last line ``#### 42``.
-HASH_FORMAT = AnswerFormat()
-#: The tag format of many GRPO notebooks.
-TAG_FORMAT = AnswerFormat("<reasoning>", "</reasoning>", "<answer>", "</answer>")
-
 # Correctness tiers (the HF cookbook recreation's, documented in chapter 2).
-EXACT_REWARD = 3.0        # the answer equals the gold number
+EXACT_REWARD = 3.0        # the answer is the gold number (answers.answers_match: within 1e-6)
 CLOSE_REWARD = 1.5        # answer / gold in [0.9, 1.1]
 NEAR_REWARD = 0.5         # answer / gold in [0.8, 1.2]
 WRONG_REWARD = -0.5       # a number, but not close
@@ -123,52 +91,15 @@ def completion_text(completion: Any) -> str:
     return str(completion)
 
 
-def answer_slot(text: str, fmt: AnswerFormat = HASH_FORMAT) -> tuple[str, str] | None:
-    """``(slot, trailing)`` after the last solution marker, or ``None`` if it is absent.
-
-    The slot ends at ``solution_end`` (or at its line's end when the format has none);
-    ``trailing`` is everything after it.
-    """
-    if fmt.solution_start not in text:
-        return None
-    tail = text.rsplit(fmt.solution_start, 1)[1]
-    if fmt.solution_end and fmt.solution_end in tail:
-        slot, trailing = tail.split(fmt.solution_end, 1)
-    elif fmt.solution_end:  # unclosed tag: everything is the slot
-        slot, trailing = tail, ""
-    else:
-        first = tail.lstrip(" \t")
-        slot, _, trailing = first.partition("\n")
-    return slot.strip(), trailing
-
-
-def parse_answer(slot: str) -> str | None:
-    """The normalized number in an answer slot: the whole slot (``3/4``, ``1e5``,
-    ``$1,000.50``) or else its first word that is a number (``18 dollars``)."""
-    value = normalize_number(slot)
-    if value is not None:
-        return value
-    for word in slot.split():
-        value = normalize_number(word.strip(".,;:!?()[]{}*\"'"))
-        if value is not None:
-            return value
-    return None
-
-
-def extract_answer(text: str, fmt: AnswerFormat = HASH_FORMAT) -> str | None:
-    """The normalized number written in the answer slot of ``text`` (``None`` if none)."""
-    found = answer_slot(text, fmt)
-    return parse_answer(found[0]) if found else None
-
-
 def answer_tier(guess: str | None, gold: str | None) -> float:
-    """Correctness tier of a parsed ``guess`` against the ``gold`` answer (see the constants)."""
+    """Correctness tier of a parsed ``guess`` against the ``gold`` answer (see the constants);
+    the exact tier is evaluation's rule, :func:`grpo_course.answers.answers_match`."""
     if guess is None:
         return MISSING_REWARD
     gold_value = normalize_number(str(gold)) if gold is not None else None
     if gold_value is None:
         return WRONG_REWARD
-    if guess == gold_value:
+    if answers_match(guess, gold_value):
         return EXACT_REWARD
     try:
         g, t = Decimal(guess), Decimal(gold_value)
@@ -185,7 +116,8 @@ def answer_tier(guess: str | None, gold: str | None) -> float:
 
 
 def is_correct(completion: Any, gold: str, fmt: AnswerFormat = HASH_FORMAT) -> bool:
-    """The course's answer checker: the answer slot holds exactly the gold number."""
+    """The course's answer checker: the answer slot holds the gold number (the rule of
+    :func:`grpo_course.answers.answers_match`, as in evaluation)."""
     return answer_tier(extract_answer(completion_text(completion), fmt), gold) == EXACT_REWARD
 
 
@@ -274,8 +206,6 @@ def intermediate_results(completions, solution=None, fmt: AnswerFormat = HASH_FO
     """Dense correctness: ``STEP_REWARD`` x F1 between the results the work computes and the
     gold solution's step results (:func:`grpo_course.data.solution_results`). A completion
     that gets the first steps right earns part of it even when its final answer is wrong."""
-    from grpo_course.data import solution_results
-
     golds = _answers(completions, solution, "intermediate_results", "solution")
     return [_safe(lambda t: STEP_REWARD * step_f1(t, solution_results(str(gold)), fmt),
                   [c], 0.0)[0] for c, gold in zip(completions, golds)]
