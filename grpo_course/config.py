@@ -315,11 +315,22 @@ class Profile:
     cl_lam: float = 1e4                               # EWC strength of the main run
     cl_sweep_lams: tuple[float, ...] = (0.0, 1e2, 1e4, 1e6)
     cl_sweep_steps: int = 2                           # stage-2 steps per swept lambda
+    # chapters 4 and 5 train shorter runs than chapter 3, with smaller steps (see short_run)
+    short_num_generations: int = 4                    # G of chapters 4 and 5
+    short_per_step_completions: int = 8               # completions per step there
+    short_num_iterations: int = 1                     # updates per sampled batch there
     # chapters 4-7 read their own entries from ``extra``
     extra: dict[str, Any] = field(default_factory=dict)
 
     def with_grpo(self, **changes: Any) -> "Profile":
         return replace(self, grpo=replace(self.grpo, **changes))
+
+    def short_run(self, **changes: Any) -> GRPOConfig:
+        """Chapter 3's recipe (levers, rewards, warm start) with the smaller steps of chapters
+        4 and 5 (G, completions per step, updates per batch) and ``changes`` on top."""
+        return replace(self.grpo, num_generations=self.short_num_generations,
+                       per_step_completions=self.short_per_step_completions,
+                       num_iterations=self.short_num_iterations, **changes)
 
 
 #: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),
