@@ -152,6 +152,33 @@ def lora_config_from_course(cfg: GRPOConfig):
                       task_type="CAUSAL_LM")
 
 
+#: Why the bridge departs from TRL's defaults (fields a TRL user meets first).
+DEFAULT_CHANGES: dict[str, str] = {
+    "loss_type": "the course config's loss (chapter 3 compares grpo, bnpo, dapo, dr_grpo)",
+    "bf16": "fp32 unless the CPU has native bf16 (AVX512-BF16/AMX); emulated bf16 is slower",
+    "gradient_checkpointing": "a 135M model fits in memory: no second forward to save it",
+    "beta": "the course config's KL weight",
+    "num_generations": "the course config's G",
+    "learning_rate": "LoRA takes a larger step than TRL's full-model default",
+    "use_bias_correction_kl": "the course's k3 KL, without TRL's ratio weighting",
+}
+
+
+def trl_default_rows(trl_cfg) -> list[dict[str, Any]]:
+    """TRL's own default and the bridge's value for the fields of :data:`DEFAULT_CHANGES`
+    (``bf16=None`` in TRL's dataclass means True unless fp16 is set)."""
+    from dataclasses import fields
+
+    from trl import GRPOConfig as TRLConfig
+
+    defaults = {f.name: f.default for f in fields(TRLConfig)}
+    defaults["bf16"] = True if defaults["bf16"] is None else defaults["bf16"]
+    return [{"field": name, "trl_default": defaults[name], "bridge": getattr(trl_cfg, name),
+             "changed": defaults[name] != getattr(trl_cfg, name),
+             "why": why if defaults[name] != getattr(trl_cfg, name) else ""}
+            for name, why in DEFAULT_CHANGES.items()]
+
+
 def mapping_rows(cfg: GRPOConfig, trl_cfg=None) -> list[dict[str, Any]]:
     """One row per translated field: course name and value, TRL name and value."""
     rows = []
@@ -206,6 +233,17 @@ class TRLRun:
     def series(self, key: str) -> list[float]:
         """One logged metric over the steps (``nan`` where a step did not log it)."""
         return [float(e.get(key, float("nan"))) for e in self.steps]
+
+    def metrics_rows(self) -> list[dict[str, Any]]:
+        """TRL's log in the course trainer's ``metrics.jsonl`` names (for ``plot_metrics``)."""
+        names = {"reward": "reward", "reward_std": "reward_std", "kl": "kl", "entropy": "entropy",
+                 "loss": "loss", "frac_reward_zero_std": "frac_reward_zero_std",
+                 "completions/mean_length": "completion_length", "step_time": "step_seconds"}
+        names.update({k: k[: -len("/mean")] for e in self.steps for k in e
+                      if k.startswith("rewards/") and k.endswith("/mean")})
+        return [{"phase": "grpo", "step": i, **{ours: float(e[theirs])
+                                                for theirs, ours in names.items() if theirs in e}}
+                for i, e in enumerate(self.steps)]
 
     def throughput(self) -> dict[str, float]:
         """Completions and completion tokens per second, from TRL's own ``step_time``."""

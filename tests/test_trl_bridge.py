@@ -248,3 +248,31 @@ def test_train_with_trl_one_step_on_the_bundled_model(gsm8k_dir, tmp_path):
     merged = trl_bridge.save_and_merge(run, tmp_path / "adapter")
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
     assert not hasattr(merged, "peft_config")
+
+
+def test_metrics_rows_use_the_course_trainer_names():
+    log = [{"loss": 0.1, "reward": -0.5, "reward_std": 0.4, "rewards/correctness/mean": -1.0,
+            "rewards/exact_format/mean": 0.5, "completions/mean_length": 42.0, "step_time": 3.0,
+            "frac_reward_zero_std": 0.25},
+           {"train_runtime": 9.0},                               # TRL's summary entry, no reward
+           {"reward": 0.5, "rewards/correctness/mean": 1.0, "completions/mean_length": 30.0}]
+    rows = trl_bridge.TRLRun(trainer=None, log_history=log).metrics_rows()
+    assert [r["step"] for r in rows] == [0, 1]
+    assert rows[0] == {"phase": "grpo", "step": 0, "loss": 0.1, "reward": -0.5, "reward_std": 0.4,
+                       "rewards/correctness": -1.0, "rewards/exact_format": 0.5,
+                       "completion_length": 42.0, "step_seconds": 3.0,
+                       "frac_reward_zero_std": 0.25}
+    assert rows[1]["rewards/correctness"] == 1.0 and "step_seconds" not in rows[1]
+
+
+def test_trl_default_rows_name_trl_116_defaults_and_the_bridge_changes(tmp_path):
+    cfg = GRPOConfig(loss_type="grpo", num_generations=4, per_step_completions=8, beta=0.0)
+    rows = {r["field"]: r for r in trl_bridge.trl_default_rows(
+        trl_bridge.grpo_config_from_course(cfg, tmp_path))}
+    assert rows["loss_type"]["trl_default"] == "dapo" and rows["loss_type"]["bridge"] == "grpo"
+    assert rows["bf16"]["trl_default"] is True and rows["bf16"]["bridge"] is False
+    assert rows["gradient_checkpointing"]["trl_default"] is True
+    assert rows["num_generations"]["trl_default"] == 8 and rows["num_generations"]["changed"]
+    assert rows["beta"] == {"field": "beta", "trl_default": 0.0, "bridge": 0.0, "changed": False,
+                            "why": ""}
+    assert all(r["why"] for r in rows.values() if r["changed"])
