@@ -40,8 +40,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "group
     if scale == "none":
         return centred
     if scale == "group":
-        std = grouped.std(1, keepdim=True).expand_as(grouped).reshape(-1) if group_size > 1 \
-            else torch.zeros_like(rewards)
+        std = grouped.std(1, keepdim=True).expand_as(grouped).reshape(-1) \
+            if group_size > 1 and rewards.numel() else torch.zeros_like(rewards)
     else:
         std = rewards.std().expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
     return centred / (std + eps)

@@ -110,7 +110,7 @@ def _choose(logits: torch.Tensor, temperature: float, top_p: float,
         keep = sorted_p.cumsum(-1) - sorted_p < top_p
         sorted_p = sorted_p * keep
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    cdf = probs.cumsum_(-1)
+    cdf = probs.cumsum_(-1).contiguous()   # searchsorted wants contiguous boundaries
     u = uniform.to(cdf.dtype) * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
     return tokens, (scaled.gather(-1, tokens[:, None]) - lse).squeeze(-1)
