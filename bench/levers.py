@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from grpo_course.errors import CourseError, OneLineArgumentParser, report  # noqa: E402
+
 PLAIN = dict(num_generations=4, per_step_completions=8, prompt_order="random",
              dynamic_sampling=False, num_iterations=1, epsilon_high=None,
              mask_truncated_completions=False,
@@ -77,7 +79,7 @@ def run_variant(name: str, changes: dict, steps: int, warm_dir, train) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = OneLineArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=5, help="GRPO steps per variant")
     p.add_argument("--only", default=None, help="comma-separated variants (default: all + profile)")
     p.add_argument("--out", default=str(ROOT / "data" / "levers.json"))
@@ -89,7 +91,16 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             p.error(f"unknown variant(s) {unknown}; choose from {', '.join(list(LEVERS) + ['profile'])}")
     if a.steps < 1:
-        p.error("--steps must be >= 1")
+        p.error(f"--steps must be >= 1; got {a.steps}")
+    if Path(a.out).is_dir() or not Path(a.out).parent.is_dir():
+        p.error(f"--out {a.out!r} must name a file in an existing folder")
+    try:
+        return _run(a, names)
+    except (CourseError, OSError) as exc:      # data, model, config, a full disk
+        return report(exc)
+
+
+def _run(a, names: list[str]) -> int:
     import torch
 
     from grpo_course.config import get_profile

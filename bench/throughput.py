@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from grpo_course.atomic import write_json_atomic  # noqa: E402
+from grpo_course.errors import OneLineArgumentParser  # noqa: E402
 from grpo_course.hardware import available_cores, peak_rss_mib  # noqa: E402
 
 
@@ -123,7 +124,7 @@ def spawn(args: list[str], timeout: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--num-generations", "-G", type=int, default=4)
     p.add_argument("--completions", type=int, default=8, help="completions per step")
     p.add_argument("--length", type=int, default=128, help="max completion tokens")
@@ -136,6 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto", help=argparse.SUPPRESS)
     p.add_argument("--all-groups", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    for flag, value in (("--num-generations", a.num_generations), ("--completions", a.completions),
+                        ("--length", a.length), ("--steps", a.steps), ("--timeout", a.timeout)):
+        if value <= 0:
+            p.error(f"{flag} must be > 0; got {value}")
+    if a.completions % a.num_generations:
+        p.error(f"--completions {a.completions} is not divisible by --num-generations "
+                f"{a.num_generations}")
+    if not a.worker and (Path(a.out).is_dir() or not Path(a.out).parent.is_dir()):
+        p.error(f"--out {a.out!r} must name a file in an existing folder")
     if a.worker:  # inside a subprocess
         from grpo_course.models import set_threads
         set_threads()

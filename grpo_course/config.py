@@ -16,6 +16,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from .atomic import write_text_atomic
+from .errors import CourseError
 
 PROFILE_ENV = "GRPO_COURSE_PROFILE"
 PROFILE_NAMES = ("smoke", "full")
@@ -24,7 +25,7 @@ SAMPLING_DTYPES = ("auto", "float32", "bfloat16")   # GRPOConfig.sampling_dtype 
 PROMPT_ORDERS = ("random", "easy_first")            # GRPOConfig.prompt_order
 
 
-class ConfigError(ValueError):
+class ConfigError(CourseError, ValueError):
     """A configuration that cannot work (raised with one readable message)."""
 
 
@@ -131,7 +132,8 @@ class GRPOConfig:
                 raise ConfigError(f"{name} must be one of {', '.join(SAMPLING_DTYPES)}; "
                                   f"got {getattr(self, name)!r}")
         if self.max_steps < 0 or self.sft_steps < 0:
-            raise ConfigError("max_steps and sft_steps must be >= 0")
+            raise ConfigError(f"max_steps and sft_steps must be >= 0; got max_steps="
+                              f"{self.max_steps}, sft_steps={self.sft_steps}")
         if self.num_iterations < 1 or self.max_sampling_rounds < 1:
             raise ConfigError(f"num_iterations and max_sampling_rounds must be >= 1; got "
                               f"{self.num_iterations} and {self.max_sampling_rounds}")

@@ -24,12 +24,13 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 
 from .atomic import atomic_write
+from .errors import CourseError
 from .data import STRATA, chat_prompt, extract_hash_answer, sft_text
 
 EWC_FILE = "ewc.safetensors"
 
 
-class CurriculumError(ValueError):
+class CurriculumError(CourseError, ValueError):
     """Bad input to the curriculum or EWC helpers (one readable message)."""
 
 

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from .errors import CourseError
 from .answers import extract_hash_answer, normalize_number  # also importable from here (chapter 1)
 
 DATA_ENV = "GSM8K_DIR"
@@ -30,7 +31,7 @@ _CALC = re.compile(r"<<[^<>]*>>")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 
 
-class DataError(ValueError):
+class DataError(CourseError, ValueError):
     """Missing or malformed data (the message names the file and line)."""
 
 
@@ -82,13 +83,22 @@ def parse_row(raw: dict[str, Any], where: str = "row") -> dict[str, Any]:
 def read_jsonl(path: Path, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
     """Parse a GSM8K jsonl file; a malformed line raises :class:`DataError` naming it."""
     rows: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise DataError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    with fh:
+        for lineno, raw_line in enumerate(fh, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{where}: not UTF-8 text (byte {raw_line[exc.start]:#04x} at "
+                                f"column {exc.start + 1})") from None
             if not line.strip():
                 continue
             if lineno <= offset:
                 continue
-            where = f"{path}:{lineno}"
             try:
                 raw = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -121,6 +131,9 @@ def load_gsm8k(split: str = "train", data_dir: str | os.PathLike | None = None,
 
     if split not in SPLITS:
         raise DataError(f"split must be one of {SPLITS}, got {split!r}")
+    if offset < 0 or (limit is not None and limit <= 0):
+        raise DataError(f"the first row (offset) must be >= 0 and the number of rows > 0; got "
+                        f"offset={offset}, limit={limit}")
     folder = resolve_data_dir(data_dir)
     if folder is not None:
         path = folder / f"{split}.jsonl"

@@ -27,6 +27,7 @@ import yaml
 from .answers import answers_match  # the course's one correctness rule (also the rewards')
 from .atomic import atomic_write, write_json_atomic
 from .config import RUN_CONFIG_FILE, SAMPLING_DTYPES, ConfigError, load_run_config
+from .errors import CourseError, OneLineArgumentParser, quiet_loading, report
 from .data import SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k
 from .rewards import computed_results
 
@@ -322,7 +323,7 @@ def run_configs(names: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_course.evaluate",
+    parser = OneLineArgumentParser(prog="python -m grpo_course.evaluate",
                                      description="Greedy GSM8K evaluation with 95 % intervals.")
     parser.add_argument("--model", default="smollm2-135m-instruct",
                         help="bundled name, a model/adapter folder, or a hub id")
@@ -340,20 +341,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(paired, exact McNemar)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    if args.n <= 0 or args.offset < 0:
-        parser.error("--n must be > 0 and --offset >= 0")
+    for flag, value, low in (("--n", args.n, 1), ("--offset", args.offset, 0),
+                             ("--batch-size", args.batch_size, 1),
+                             ("--max-new-tokens", args.max_new_tokens, 1)):
+        if value < low:
+            parser.error(f"{flag} must be >= {low}; got {value}")
+    if args.csv and (Path(args.csv).is_dir() or not Path(args.csv).parent.is_dir()):
+        parser.error(f"--csv {args.csv!r} must name a file in an existing folder")
     names = [args.model] + ([args.compare] if args.compare else [])
     results = []
     try:
+        quiet_loading()
         for name in names:
             results.append(evaluate(name, args.split, args.n, args.offset, args.data_dir,
                                     args.batch_size, args.max_new_tokens, progress=not args.json,
                                     sampling_dtype=args.sampling_dtype))
-    except (ValueError, RuntimeError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.csv:
-        write_csv(results[0], args.csv)
+        if args.csv:
+            write_csv(results[0], args.csv)
+    except (ValueError, RuntimeError, OSError) as exc:   # CourseError: data, model, config
+        return report(exc)
     summary = results[0].summary()
     if args.compare:
         summary["compare"] = {"other": results[1].summary(), **compare(results[0], results[1])}

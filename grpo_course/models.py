@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from .atomic import atomic_write
+from .errors import CourseError
 from .hardware import available_cores
 
 BUNDLED_NAME = "smollm2-135m-instruct"
@@ -22,7 +23,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "GRPO_COURSE_CACHE"
 
 
-class ModelError(RuntimeError):
+class ModelError(CourseError, RuntimeError):
     """A model that cannot be found or loaded (the message says what to do)."""
 
 
@@ -136,9 +137,12 @@ def load_model(name: str = BUNDLED_NAME, dtype: torch.dtype = torch.float32,
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
-    except OSError as exc:
+    except Exception as exc:  # OSError, or a corrupt file: safetensors' / json's own errors
         if local:
-            raise ModelError(f"{source} is not a loadable model folder ({exc})") from exc
+            raise ModelError(f"{source} is not a loadable model folder "
+                             f"({type(exc).__name__}: {exc})") from None
+        if not isinstance(exc, OSError):
+            raise
         raise ModelError(
             f"could not load {name!r}: not a local folder, and the Hugging Face hub is not "
             f"reachable or has no such model. Offline, use the bundled model "
@@ -152,13 +156,21 @@ def _load_adapter(folder: Path, dtype: torch.dtype, device: str):
 
     from peft import PeftModel
 
-    base_name = json.loads((folder / "adapter_config.json").read_text()).get(
-        "base_model_name_or_path") or BUNDLED_NAME
+    try:
+        base_name = json.loads((folder / "adapter_config.json").read_text()).get(
+            "base_model_name_or_path") or BUNDLED_NAME
+    except (ValueError, AttributeError, OSError) as exc:
+        raise ModelError(f"{folder / 'adapter_config.json'} is not a readable adapter config "
+                         f"({exc})") from None
     base_path = Path(base_name)
     if not base_path.exists() and base_name != BUNDLED_NAME and "/" not in base_name:
         base_name = BUNDLED_NAME  # an adapter trained on the cached bundled copy
     model, tokenizer = load_model(base_name, dtype=dtype, device=device)
-    model = PeftModel.from_pretrained(model, folder).merge_and_unload()
+    try:
+        model = PeftModel.from_pretrained(model, folder).merge_and_unload()
+    except Exception as exc:  # a cut-short or corrupt adapter_model.safetensors, a bad config
+        raise ModelError(f"adapter folder {str(folder)!r} cannot be loaded "
+                         f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None
     return _prepare(model, tokenizer, device)
 
 

@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import torch
 
 from .atomic import atomic_write
+from .errors import CourseError, OneLineArgumentParser, report
 from .hardware import cpu_features as cpu_int8_features, describe_cpu, rss_bytes  # noqa: F401 (chapter 6)
 
 VARIANTS = ("fp32", "dynamic", "torchao")
@@ -40,7 +41,7 @@ WEIGHTS_FILE = "model.safetensors"
 INFO_FILE = "quantization.json"
 
 
-class QuantizeError(RuntimeError):
+class QuantizeError(CourseError, RuntimeError):
     """A variant that cannot be made, saved or loaded (the message says why)."""
 
 
@@ -262,8 +263,12 @@ def load_quantized(folder: str | Path):
     folder = Path(folder)
     if not (folder / INFO_FILE).is_file():
         raise QuantizeError(f"{folder} has no {INFO_FILE}: not written by save_quantized")
-    info = json.loads((folder / INFO_FILE).read_text())
-    variant = info["variant"]
+    try:
+        info = json.loads((folder / INFO_FILE).read_text())
+        variant = info["variant"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise QuantizeError(f"{folder / INFO_FILE} is not a readable variant description "
+                            f"({type(exc).__name__}: {exc})") from None
     tokenizer = AutoTokenizer.from_pretrained(folder) if any(
         (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")) else None
     if variant == "fp32":
@@ -423,7 +428,7 @@ def measure_in_subprocess(folder: str | Path, prompts: Sequence[str],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_course.quantize",
+    parser = OneLineArgumentParser(prog="python -m grpo_course.quantize",
                                      description="Load a saved variant, time decoding, report RSS.")
     parser.add_argument("--folder", required=True, help="a folder written by save_quantized")
     parser.add_argument("--prompts", required=True, help="JSON file with a list of prompt texts")
@@ -431,16 +436,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args(argv)
+    for flag, values in (("--batch-sizes", args.batch_sizes), ("--max-new-tokens", [args.max_new_tokens]),
+                         ("--repeats", [args.repeats])):
+        if min(values) < 1:
+            parser.error(f"{flag} must be >= 1; got {min(values)}")
     quiet_torchao()
     warnings.simplefilter("ignore")
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    prompts = json.loads(Path(args.prompts).read_text())
     try:
+        try:
+            prompts = json.loads(Path(args.prompts).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:     # missing, not UTF-8, not JSON
+            raise QuantizeError(f"--prompts {args.prompts!r} is not a readable JSON file "
+                                f"({type(exc).__name__}: {exc})") from None
+        if not isinstance(prompts, list) or not prompts or \
+                not all(isinstance(p, str) for p in prompts):
+            raise QuantizeError(f"--prompts {args.prompts!r} must hold a non-empty JSON list of "
+                                f"prompt texts")
         result = measure_folder(args.folder, prompts, args.batch_sizes, args.max_new_tokens,
                                 args.repeats)
-    except (QuantizeError, ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (CourseError, ValueError, OSError) as exc:
+        return report(exc)
+    except Exception as exc:      # a corrupt weights file: safetensors' / torch's own errors
+        return report(f"{args.folder} cannot be loaded ({type(exc).__name__}: {exc})")
     print(json.dumps(result))
     return 0
 

@@ -42,6 +42,7 @@ import torch
 
 from .config import ConfigError, GRPOConfig, save_run_config
 from .data import chat_prompts, sft_text
+from .errors import CourseError, RewardError, quiet_loading, report
 from .grpo import group_advantages, grpo_loss, per_token_logps, zero_std_groups
 from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
 
@@ -57,6 +58,24 @@ def _default_rewards(weights: dict[str, float]) -> dict[str, Callable]:
         raise ConfigError(f"reward_weights names unknown reward(s) {unknown}; "
                           f"choose from {', '.join(REWARD_FUNCTIONS)}")
     return {n: REWARD_FUNCTIONS[n] for n in weights}
+
+
+def checked_rewards(name: str, values, expected: int) -> torch.Tensor:
+    """Reward function ``name``'s output as a float tensor, or :class:`RewardError` naming the
+    function when it is not ``expected`` finite numbers (one per completion)."""
+    try:
+        rewards = torch.as_tensor(values, dtype=torch.float32).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise RewardError(f"reward function {name!r} returned {type(values).__name__}, not "
+                          f"{expected} numbers ({exc})") from None
+    if rewards.numel() != expected:
+        raise RewardError(f"reward function {name!r} returned {rewards.numel()} rewards for "
+                          f"{expected} completions")
+    bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
+    if bad:
+        raise RewardError(f"reward function {name!r} returned {rewards[bad[0]].item()} for "
+                          f"completion {bad[0]} (rewards must be finite numbers)")
+    return rewards
 
 
 def dropped_groups_scale(loss_type: str, rows_kept: torch.Tensor,
@@ -269,7 +288,7 @@ class CourseTrainer:
         G, weights = self.config.num_generations, self.config.reward_weights
         columns = {k: [v for v in values for _ in range(G)] for k, values in rows.items()
                    if k != "question"}
-        per_func = {n: torch.tensor(fn(batch.completions, **columns), dtype=torch.float32)
+        per_func = {n: checked_rewards(n, fn(batch.completions, **columns), len(batch.completions))
                     for n, fn in self.reward_funcs.items()}
         return sum(weights.get(n, 0.0) * r for n, r in per_func.items()), per_func
 
@@ -506,18 +525,28 @@ class CourseTrainer:
         """A trainer that continues the run saved at ``path`` (``model`` = the fresh base), with
         the config saved there or ``config`` (the CLI's: saved < recipe < flags)."""
         path = Path(path)
-        meta = json.loads((path / "trainer.json").read_text())
-        if config is None:
-            cfg = meta["config"]
-            cfg["lora_target_modules"] = tuple(cfg["lora_target_modules"])
-            config = GRPOConfig(**cfg)
+        try:
+            meta = json.loads((path / "trainer.json").read_text())
+            if config is None:
+                cfg = meta["config"]
+                cfg["lora_target_modules"] = tuple(cfg["lora_target_modules"])
+                config = GRPOConfig(**cfg)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"{path / 'trainer.json'} is not a readable checkpoint "
+                              f"({type(exc).__name__}: {exc})") from None
         trainer = cls(model, tokenizer, config, train_dataset, **kwargs)
-        state = torch.load(path / "state.pt", weights_only=True)
-        params = dict(trainer.model.named_parameters())
-        with torch.no_grad():
-            for name, value in state["trainable"].items():
-                params[name].copy_(value)
-        trainer.optimizer.load_state_dict(state["optimizer"])
+        try:
+            state = torch.load(path / "state.pt", weights_only=True)
+            params = dict(trainer.model.named_parameters())
+            with torch.no_grad():
+                for name, value in state["trainable"].items():
+                    params[name].copy_(value)
+            trainer.optimizer.load_state_dict(state["optimizer"])
+        except Exception as exc:  # cut short, or another model's: torch's own errors
+            raise ConfigError(f"{path / 'state.pt'} is not a readable checkpoint for this model "
+                              f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
         trainer.global_step, trainer.sft_done = meta["global_step"], meta["sft_done"]
         trainer.prompts_used = meta.get("prompts_used", trainer.global_step * trainer.config.prompts_per_step)
         return trainer
@@ -534,19 +563,31 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {str(out)!r} is a file; name a folder for the run")
-        model, tokenizer = load_model(config.model)
+        for part in out.parents:
+            if part.exists() and not part.is_dir():
+                raise ConfigError(f"--out {str(out)!r} is inside {str(part)!r}, which is a file")
+        if config.train_offset < 0:
+            raise ConfigError(f"train_offset must be >= 0; got {config.train_offset}")
+        quiet_loading()
         dataset = load_gsm8k("train", offset=config.train_offset)
+        if len(dataset) == 0:
+            raise ConfigError(f"no GSM8K train rows from train_offset {config.train_offset} on: "
+                              f"the file is empty or train_offset is past its end")
+        model, tokenizer = load_model(config.model)
+        if args.resume and (out / CHECKPOINT).is_dir():
+            trainer = CourseTrainer.resume(out / CHECKPOINT, model, tokenizer, dataset,
+                                           config=config, out_dir=out, profile=profile)
+        else:
+            trainer = CourseTrainer(model, tokenizer, config, dataset, out_dir=out,
+                                    profile=profile)
     except (ValueError, RuntimeError, OSError) as exc:   # ConfigError, DataError, ModelError
-        print("error: " + " ".join(str(exc).split()), file=sys.stderr)
-        return 2
-    if args.resume and (out / CHECKPOINT).is_dir():
-        trainer = CourseTrainer.resume(out / CHECKPOINT, model, tokenizer, dataset, config=config,
-                                       out_dir=out, profile=profile)
-    else:
-        trainer = CourseTrainer(model, tokenizer, config, dataset, out_dir=out, profile=profile)
-    trainer.train()              # config.max_steps: on --resume too, a flag wins over the checkpoint
-    trainer.save_model(out)
-    trainer.save_checkpoint(out / CHECKPOINT)
+        return report(exc)
+    try:
+        trainer.train()          # config.max_steps: on --resume too, a flag wins over the checkpoint
+        trainer.save_model(out)
+        trainer.save_checkpoint(out / CHECKPOINT)
+    except (CourseError, OSError) as exc:                # RewardError, a full disk, ...
+        return report(exc)
     print(json.dumps({"model": str(out), "steps": trainer.global_step,
                       "sft_steps": trainer.sft_done}))
     return 0

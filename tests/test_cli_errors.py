@@ -1,0 +1,315 @@
+"""Every command line answers bad input with one ``error:`` line on stderr naming the bad value
+and exit status 2: never a traceback, never a silent n = 0 (issue 19, point 3)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_course.errors import CourseError, RewardError
+from tests.conftest import ROWS, write_jsonl
+from tests.test_sampling import tiny_model, tiny_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_line(capsys, *values: str) -> str:
+    """The single stderr line of a failed command; it names each of ``values``."""
+    err = capsys.readouterr().err
+    # what a terminal shows: a progress bar that a carriage return overwrote is gone
+    lines = [line.split("\r")[-1] for line in err.split("\n")]
+    lines = [line for line in lines if line.strip()]
+    assert "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for value in values:
+        assert value in lines[0], (value, lines[0])
+    return lines[0]
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def folders(tmp_path):
+    """GSM8K folders: good rows, an empty file, a non-UTF-8 row, a malformed row."""
+    made = {}
+    for name, tail in (("good", b""), ("empty", None), ("nonutf", b"\xff\xfe not text\n"),
+                       ("badrow", b'{"question": "x"\n')):
+        folder = tmp_path / name
+        folder.mkdir()
+        for split in ("train", "test"):
+            path = folder / f"{split}.jsonl"
+            if tail is None:
+                path.write_bytes(b"")
+            else:
+                write_jsonl(path, ROWS[:2])
+                path.write_bytes(path.read_bytes() + tail)
+        made[name] = folder
+    return made
+
+
+@pytest.fixture
+def tiny_folders(tmp_path):
+    """A tiny saved model, a LoRA adapter on it cut short, and the model with its weights cut
+    short (``load_model`` reads each as it would a real one)."""
+    from peft import LoraConfig, get_peft_model
+    base = tmp_path / "base"
+    tiny_model().save_pretrained(base)
+    tiny_tokenizer().save_pretrained(base)
+    model = get_peft_model(tiny_model(), LoraConfig(r=2, target_modules=["q_proj", "v_proj"],
+                                                    task_type="CAUSAL_LM"))
+    adapter = tmp_path / "adapter"
+    model.save_pretrained(adapter)
+    meta = json.loads((adapter / "adapter_config.json").read_text())
+    meta["base_model_name_or_path"] = str(base)
+    (adapter / "adapter_config.json").write_text(json.dumps(meta))
+    weights = adapter / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    cut = tmp_path / "cut_model"
+    tiny_model().save_pretrained(cut)
+    tiny_tokenizer().save_pretrained(cut)
+    (cut / "model.safetensors").write_bytes((cut / "model.safetensors").read_bytes()[:100])
+    return {"base": base, "adapter": adapter, "cut_model": cut}
+
+
+def test_one_base_class_for_the_package_errors():
+    from grpo_course.config import ConfigError
+    from grpo_course.curriculum import CurriculumError
+    from grpo_course.data import DataError
+    from grpo_course.models import ModelError
+    from grpo_course.quantize import QuantizeError
+    for error in (ConfigError, CurriculumError, DataError, ModelError, QuantizeError, RewardError):
+        assert issubclass(error, CourseError)
+    assert issubclass(ConfigError, ValueError) and issubclass(ModelError, RuntimeError)
+
+
+# ---------------------------------------------------------------- evaluate
+EVAL = ["--n", "2", "--max-new-tokens", "2", "--json"]
+
+
+@pytest.mark.parametrize("args,values", [
+    (["--offset", "-1"], ["--offset", "-1"]),
+    (["--n", "0"], ["--n", "0"]),
+    (["--n", "abc"], ["--n", "'abc'"]),
+    (["--batch-size", "0"], ["--batch-size", "0"]),
+    (["--max-new-tokens", "-1"], ["--max-new-tokens", "-1"]),
+    (["--split", "dev"], ["'dev'"]),
+    (["--sampling-dtype", "fp8"], ["'fp8'"]),
+    (["--csv", "{tmp}"], ["--csv", "{tmp}"]),
+    (["--csv", "{tmp}/no/such/folder/r.csv"], ["--csv"]),
+    (["--frobnicate"], ["--frobnicate"]),
+])
+def test_evaluate_bad_options(args, values, tmp_path, capsys, monkeypatch):
+    from grpo_course import evaluate, models
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    fill = lambda s: s.replace("{tmp}", str(tmp_path))   # noqa: E731
+    with pytest.raises(SystemExit) as exit_:
+        evaluate.main([*EVAL, *map(fill, args)])
+    assert exit_.value.code == 2
+    one_line(capsys, *map(fill, values))
+
+
+@pytest.mark.parametrize("folder,args,values", [
+    ("empty", [], ["test", "empty"]),                         # was accuracy 0.0, n = 0, exit 0
+    ("good", ["--offset", "99999"], ["row 99999", "past its end"]),
+    ("nonutf", ["--n", "5"], ["test.jsonl:3", "not UTF-8"]),
+    ("badrow", ["--n", "5"], ["test.jsonl:3", "not valid JSON"]),
+    ("missing", [], ["missing", "does not exist"]),
+])
+def test_evaluate_bad_data(folder, args, values, folders, tmp_path, capsys, monkeypatch):
+    from grpo_course import evaluate, models
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    data = folders.get(folder, tmp_path / folder)
+    assert evaluate.main([*EVAL, "--data-dir", str(data), *args]) == 2
+    one_line(capsys, *values)
+
+
+def test_a_test_file_that_is_a_folder(folders, capsys):
+    from grpo_course import evaluate
+    (folders["empty"] / "test.jsonl").unlink()
+    (folders["empty"] / "test.jsonl").mkdir()
+    assert evaluate.main([*EVAL, "--data-dir", str(folders["empty"])]) == 2
+    one_line(capsys, "test.jsonl")
+
+
+@pytest.mark.parametrize("which,values", [
+    ("adapter", ["adapter", "SafetensorError"]),     # was a safetensors traceback
+    ("cut_model", ["cut_model", "not a loadable model folder"]),
+])
+def test_evaluate_corrupt_model_files(which, values, tiny_folders, folders, capsys):
+    from grpo_course import evaluate
+    assert evaluate.main([*EVAL, "--data-dir", str(folders["good"]),
+                          "--model", str(tiny_folders[which])]) == 2
+    one_line(capsys, str(tiny_folders[which]), *values[1:])
+
+
+# ---------------------------------------------------------------- train
+@pytest.fixture
+def train_main(folders, tmp_path, monkeypatch):
+    """``train.main`` on the good rows, with the tiny model for any model name."""
+    from grpo_course import models, train
+    monkeypatch.setenv("GSM8K_DIR", str(folders["good"]))
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
+    return train.main
+
+
+SMOKE = ["--profile", "smoke", "--max_steps", "1", "--sft_steps", "0"]
+
+
+def test_train_out_is_a_file(train_main, tmp_path, capsys):
+    (tmp_path / "afile").write_text("x")
+    assert train_main([*SMOKE, "--out", str(tmp_path / "afile")]) == 2
+    one_line(capsys, str(tmp_path / "afile"), "is a file")
+    assert train_main([*SMOKE, "--out", str(tmp_path / "afile" / "run")]) == 2
+    one_line(capsys, str(tmp_path / "afile"), "which is a file")
+
+
+@pytest.mark.parametrize("args,values", [
+    (["--max_steps", "-3"], ["max_steps=-3", ">= 0"]),
+    (["--train_offset", "-1"], ["train_offset", "-1"]),
+    (["--train_offset", "99999"], ["train_offset 99999", "past its end"]),
+    (["--sampling_dtype", "fp8"], ["sampling_dtype", "'fp8'"]),
+])
+def test_train_bad_values(args, values, train_main, tmp_path, capsys):
+    assert train_main(["--profile", "smoke", *args, "--out", str(tmp_path / "run")]) == 2
+    one_line(capsys, *values)
+
+
+def test_train_unknown_profile_from_the_environment(train_main, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GRPO_COURSE_PROFILE", "huge")
+    assert train_main(["--out", str(tmp_path / "run")]) == 2
+    one_line(capsys, "'huge'", "GRPO_COURSE_PROFILE")
+
+
+@pytest.mark.parametrize("folder,values", [
+    ("empty", ["train_offset 0", "empty"]),          # was a ConfigError traceback
+    ("nonutf", ["train.jsonl:3", "not UTF-8"]),
+    ("badrow", ["train.jsonl:3", "not valid JSON"]),
+])
+def test_train_bad_data(folder, values, train_main, folders, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GSM8K_DIR", str(folders[folder]))
+    assert train_main([*SMOKE, "--out", str(tmp_path / "run")]) == 2
+    one_line(capsys, *values)
+
+
+def test_train_corrupt_adapter_as_model(tiny_folders, folders, tmp_path, capsys, monkeypatch):
+    from grpo_course import train
+    monkeypatch.setenv("GSM8K_DIR", str(folders["good"]))
+    assert train.main([*SMOKE, "--model", str(tiny_folders["adapter"]),
+                       "--out", str(tmp_path / "run")]) == 2
+    one_line(capsys, str(tiny_folders["adapter"]), "SafetensorError")
+
+
+def test_train_corrupt_checkpoint(train_main, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train_main([*SMOKE, "--out", str(out)]) == 0
+    capsys.readouterr()
+    state = out / "checkpoint" / "state.pt"
+    state.write_bytes(state.read_bytes()[:64])              # cut short
+    assert train_main([*SMOKE, "--resume", "--max_steps", "2", "--out", str(out)]) == 2
+    one_line(capsys, str(state))
+    meta = out / "checkpoint" / "trainer.json"
+    meta.write_text('{"global_step": 1')
+    assert train_main([*SMOKE, "--resume", "--out", str(out)]) == 2
+    one_line(capsys, str(meta), "not a readable checkpoint")
+
+
+def test_train_cli_in_a_subprocess_prints_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    proc = subprocess.run([sys.executable, "-m", "grpo_course.train", "--profile", "smoke",
+                           "--out", str(tmp_path / "afile")], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: --out {str(tmp_path / 'afile')!r} is a file; name a folder for the run"]
+
+
+# ---------------------------------------------------------------- rewards
+def test_reward_functions_returning_the_wrong_length_or_nan_are_named():
+    from grpo_course.train import checked_rewards
+    assert checked_rewards("ok", [1, 0.5], 2).tolist() == [1.0, 0.5]
+    with pytest.raises(RewardError, match=r"'short' returned 1 rewards for 2 completions"):
+        checked_rewards("short", [1.0], 2)
+    with pytest.raises(RewardError, match=r"'nan' returned nan for completion 1"):
+        checked_rewards("nan", [1.0, float("nan")], 2)
+    with pytest.raises(RewardError, match=r"'text' returned list"):
+        checked_rewards("text", ["a", "b"], 2)
+
+
+@pytest.mark.parametrize("reward,values", [
+    (lambda completions, **kw: [1.0], ["'broken'", "returned 1 rewards"]),
+    (lambda completions, **kw: [float("nan")] * len(completions), ["'broken'", "nan"]),
+])
+def test_train_names_the_broken_reward_function(reward, values, folders, tmp_path, capsys,
+                                                 monkeypatch):
+    from grpo_course import train
+    monkeypatch.setenv("GSM8K_DIR", str(folders["good"]))
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    fine = lambda completions, **kw: [0.0] * len(completions)   # noqa: E731
+    monkeypatch.setattr(train, "_default_rewards", lambda weights: {n: fine for n in weights}
+                        | {"broken": reward})
+    monkeypatch.setattr("grpo_course.models.load_model",
+                        lambda name: (tiny_model(), tiny_tokenizer()))
+    assert train.main([*SMOKE, "--max_completion_length", "4", "--out",
+                       str(tmp_path / "run")]) == 2
+    one_line(capsys, *values)
+
+
+# ---------------------------------------------------------------- quantize
+@pytest.mark.parametrize("prompts,args,values", [
+    (None, [], ["nope.json", "not a readable JSON file"]),
+    (b"\xff\xfe", [], ["prompts.json", "UnicodeDecodeError"]),
+    (b'{"a": 1}', [], ["prompts.json", "non-empty JSON list"]),
+    (b'["hi"]', [], ["quantization.json", "not written by save_quantized"]),
+    (b'["hi"]', ["--batch-sizes", "0"], ["--batch-sizes", "0"]),
+    (b'["hi"]', ["--repeats", "x"], ["--repeats", "'x'"]),
+])
+def test_quantize_bad_input(prompts, args, values, tmp_path, capsys):
+    from grpo_course import quantize
+    path = tmp_path / ("nope.json" if prompts is None else "prompts.json")
+    if prompts is not None:
+        path.write_bytes(prompts)
+    argv = ["--folder", str(tmp_path), "--prompts", str(path), *args]
+    try:
+        code = quantize.main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2
+    one_line(capsys, *values)
+
+
+def test_quantize_corrupt_variant_description(tmp_path, capsys):
+    from grpo_course import quantize
+    (tmp_path / quantize.INFO_FILE).write_text("{not json")
+    (tmp_path / "prompts.json").write_text('["hi"]')
+    assert quantize.main(["--folder", str(tmp_path), "--prompts",
+                          str(tmp_path / "prompts.json")]) == 2
+    one_line(capsys, quantize.INFO_FILE, "not a readable variant description")
+
+
+# ---------------------------------------------------------------- bench
+@pytest.mark.parametrize("script,args,values", [
+    ("levers", ["--only", "bogus"], ["'bogus'"]),
+    ("levers", ["--steps", "0"], ["--steps", "0"]),
+    ("levers", ["--out", "{tmp}"], ["--out", "{tmp}"]),
+    ("throughput", ["-G", "0"], ["--num-generations", "0"]),
+    ("throughput", ["-G", "3", "--completions", "8"], ["--completions 8", "3"]),
+    ("throughput", ["--only", "bogus"], ["'bogus'"]),
+    ("throughput", ["--out", "{tmp}"], ["--out", "{tmp}"]),
+])
+def test_bench_bad_options(script, args, values, tmp_path, capsys):
+    fill = lambda s: s.replace("{tmp}", str(tmp_path))   # noqa: E731
+    with pytest.raises(SystemExit) as exit_:
+        _bench(script).main(list(map(fill, args)))
+    assert exit_.value.code == 2
+    one_line(capsys, *map(fill, values))
