@@ -436,3 +436,73 @@ def test_dropping_zero_variance_groups_leaves_the_update_unchanged(loss_type):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4, abs=1e-7)
     for name in p_full:
         torch.testing.assert_close(p_lazy[name], p_full[name], rtol=1e-4, atol=1e-6)
+
+
+TIMING = ("step_seconds", "sampling_seconds", "tokens_per_s")
+
+
+def _logged(folder) -> list[dict]:
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def test_a_run_interrupted_during_sft_resumes_exactly(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in the middle of an SFT step (after it drew random numbers), then ``resume``:
+    the same metrics rows (SFT losses, then GRPO rewards and gradients) and the same adapter
+    weights as the run that was never stopped. The checkpoint holds the SFT optimizer (AdamW
+    moments), the random states of the last step boundary (LoRA dropout) and the counters."""
+    import datasets
+    from grpo_course.train import CourseTrainer
+    changes = dict(sft_steps=4, sft_batch_size=2, sft_learning_rate=1e-2, lora_dropout=0.1)
+    whole = _trainer(tmp_path / "whole", **changes)
+    start = _trainable(whole)
+    whole.train(max_steps=3)
+    first = _trainer(tmp_path / "cut", **changes)
+    real_step, calls = CourseTrainer.sft_step, []
+
+    def interrupted(self, rows, optimizer):
+        calls.append(1)
+        if len(calls) == 3:                  # two SFT steps done, the third one cut short
+            torch.rand(7)                    # ... after it drew random numbers
+            raise KeyboardInterrupt
+        return real_step(self, rows, optimizer)
+    monkeypatch.setattr(CourseTrainer, "sft_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        first.train(max_steps=3)
+    monkeypatch.setattr(CourseTrainer, "sft_step", real_step)
+    assert "interrupted: checkpoint saved" in capsys.readouterr().out
+    torch.manual_seed(12345)                 # a fresh process: whatever state it starts in
+    resumed = CourseTrainer.resume(tmp_path / "cut" / "checkpoint", tiny_model(), tiny_tokenizer(),
+                                   datasets.Dataset.from_list(ROWS),
+                                   reward_funcs={"length": length_reward}, out_dir=tmp_path / "cut")
+    assert (resumed.sft_done, resumed.global_step) == (2, 0)
+    resumed.train(max_steps=3)
+    full, cut = _logged(tmp_path / "whole"), _logged(tmp_path / "cut")
+    assert [r.get("sft_step", r.get("step")) for r in cut] == [0, 1, 2, 3, 0, 1, 2]
+    assert len({r["loss"] for r in full[:4]}) == 4                   # SFT learned something
+    assert sum(r["grad_norm"] > 0 for r in full[4:]) >= 2           # GRPO had gradients
+    assert cut == full
+    end, again = _trainable(whole), _trainable(resumed)
+    assert any(not torch.equal(end[n], start[n]) for n in end)       # the run did move them
+    for n in end:
+        assert torch.equal(again[n], end[n]), n
+
+
+def test_sft_checkpoint_without_the_sft_optimizer_would_differ(tmp_path, monkeypatch):
+    """The check above can fail: resuming the same interruption with a fresh SFT optimizer
+    (what checkpoints held before) ends with different weights."""
+    import datasets
+    from grpo_course.train import CourseTrainer
+    changes = dict(sft_steps=4, sft_batch_size=2, sft_learning_rate=1e-2, lora_dropout=0.0)
+    whole = _trainer(None, **changes)
+    whole.sft()
+    first = _trainer(None, **changes)
+    first.sft(steps=2)
+    first.save_checkpoint(tmp_path / "ckpt")
+    resumed = CourseTrainer.resume(tmp_path / "ckpt", tiny_model(), tiny_tokenizer(),
+                                   datasets.Dataset.from_list(ROWS),
+                                   reward_funcs={"length": length_reward})
+    resumed.sft_optimizer = None             # drop the saved AdamW moments
+    resumed.sft()
+    end, again = _trainable(whole), _trainable(resumed)
+    assert any(not torch.equal(again[n], end[n]) for n in end)
