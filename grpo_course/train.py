@@ -615,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer.save_checkpoint(out / CHECKPOINT)
     except (CourseError, OSError) as exc:                # RewardError, a full disk, ...
         return report(exc)
+    except KeyboardInterrupt:                            # Ctrl-C: train() saved a checkpoint
+        print(f"stopped: continue with --resume --out {out}", file=sys.stderr)
+        return 130
     print(json.dumps({"model": str(out), "steps": trainer.global_step,
                       "sft_steps": trainer.sft_done}))
     return 0

@@ -224,6 +224,21 @@ def test_train_corrupt_checkpoint(train_main, tmp_path, capsys):
     one_line(capsys, str(meta), "not a readable checkpoint")
 
 
+def test_train_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(train_main, tmp_path, capsys,
+                                                               monkeypatch):
+    from grpo_course.train import CourseTrainer
+
+    def interrupt(self, rows=None):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(CourseTrainer, "step", interrupt)
+    out = tmp_path / "run"
+    assert train_main([*SMOKE, "--out", str(out)]) == 130
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and (out / "checkpoint" / "state.pt").is_file()
+    lines = [line.split("\r")[-1] for line in captured.err.split("\n")]
+    assert [line for line in lines if line.strip()] == [f"stopped: continue with --resume --out {out}"]
+
+
 def test_train_cli_in_a_subprocess_prints_one_line(tmp_path):
     (tmp_path / "afile").write_text("x")
     proc = subprocess.run([sys.executable, "-m", "grpo_course.train", "--profile", "smoke",
