@@ -40,8 +40,10 @@ $(STAMP): requirements.txt pyproject.toml
 model: $(STAMP)
 	$(BIN)/python -c "from grpo_course.models import bundled_model_dir; print('model cache:', bundled_model_dir())"
 
+# Fast unit tests first (a failure shows in minutes), then those marked slow (they load the real model).
 unit: model
-	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest tests -q -m "not slow"
+	$(BIN)/python -m pytest tests -q -m slow
 
 # Execute every notebook on the smoke profile in a staged copy (nbmake --overwrite keeps the
 # outputs there, never in notebooks/), then build the book from those executed copies.
