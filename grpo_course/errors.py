@@ -38,20 +38,3 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         report(message)
         raise SystemExit(2)
-
-
-def quiet_loading() -> None:
-    """Silence library start-up noise on stderr (torchao's CUDA-only kernels, transformers'
-    weight-loading bar), so that what a command prints there is its own."""
-    import warnings
-
-    from .quantize import quiet_torchao
-    quiet_torchao()
-    for category in (FutureWarning, DeprecationWarning):   # libraries' notes to developers
-        warnings.filterwarnings("ignore", category=category)
-    try:
-        from transformers.utils import logging as hf_logging
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:
-        pass

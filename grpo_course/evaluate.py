@@ -27,7 +27,7 @@ import yaml
 from .answers import answers_match  # the course's one correctness rule (also the rewards')
 from .atomic import atomic_write, write_json_atomic
 from .config import RUN_CONFIG_FILE, SAMPLING_DTYPES, ConfigError, load_run_config
-from .errors import CourseError, OneLineArgumentParser, quiet_loading, report
+from .errors import CourseError, OneLineArgumentParser, report
 from .data import SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k
 from .rewards import computed_results
 
@@ -351,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [args.model] + ([args.compare] if args.compare else [])
     results = []
     try:
+        from .models import quiet_loading
         quiet_loading()
         for name in names:
             results.append(evaluate(name, args.split, args.n, args.offset, args.data_dir,

@@ -189,3 +189,47 @@ def parameter_bytes(model: torch.nn.Module) -> int:
     """Bytes held by the model's parameters and buffers."""
     tensors = list(model.parameters()) + list(model.buffers())
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# ---------------------------------------------------------------- quiet library start-up
+def quiet_torchao() -> None:
+    """Import torchao with its start-up noise ("Failed to load ... .so": CUDA-only kernels
+    that a CPU build cannot load, and pytree deprecation lines) sent to /dev/null."""
+    import contextlib
+    import io
+    import logging
+    import sys
+    import warnings
+
+
+    if "torchao" in sys.modules:
+        return
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    saved = os.dup(2)
+    try:
+        os.dup2(devnull, 2)
+        with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torchao.quantization  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def quiet_loading() -> None:
+    """Silence library start-up noise on stderr (torchao's CUDA-only kernels, transformers'
+    weight-loading bar), so that what a command prints there is its own."""
+    import warnings
+
+    quiet_torchao()
+    for category in (FutureWarning, DeprecationWarning):   # libraries' notes to developers
+        warnings.filterwarnings("ignore", category=category)
+    try:
+        from transformers.utils import logging as hf_logging
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass

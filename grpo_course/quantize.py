@@ -34,6 +34,7 @@ import torch
 
 from .atomic import atomic_write
 from .errors import CourseError, OneLineArgumentParser, report
+from .models import quiet_torchao  # noqa: F401 (chapter 6 calls Q.quiet_torchao)
 from .hardware import cpu_features as cpu_int8_features, describe_cpu, rss_bytes  # noqa: F401 (chapter 6)
 
 VARIANTS = ("fp32", "dynamic", "torchao")
@@ -43,29 +44,6 @@ INFO_FILE = "quantization.json"
 
 class QuantizeError(CourseError, RuntimeError):
     """A variant that cannot be made, saved or loaded (the message says why)."""
-
-
-def quiet_torchao() -> None:
-    """Import torchao with its start-up noise ("Failed to load ... .so": CUDA-only kernels
-    that a CPU build cannot load, and pytree deprecation lines) sent to /dev/null."""
-    import io
-    import os
-
-    if "torchao" in sys.modules:
-        return
-    for name in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    saved = os.dup(2)
-    try:
-        os.dup2(devnull, 2)
-        with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import torchao.quantization  # noqa: F401
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 # ---------------------------------------------------------------- making the variants

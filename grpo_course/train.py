@@ -43,7 +43,7 @@ import torch
 
 from .config import ConfigError, GRPOConfig, save_run_config
 from .data import chat_prompts, sft_text
-from .errors import CourseError, RewardError, quiet_loading, report
+from .errors import CourseError, RewardError, report
 from .grpo import group_advantages, grpo_loss, per_token_logps, zero_std_groups
 from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
 
@@ -583,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m grpo_course.train``: options in :mod:`grpo_course.cli` (``--help``)."""
     from .cli import CHECKPOINT, parse_train_args
     from .data import load_gsm8k
-    from .models import load_model
+    from .models import load_model, quiet_loading
 
     try:
         args, config, profile = parse_train_args(argv)

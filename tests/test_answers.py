@@ -80,6 +80,7 @@ def test_no_import_cycle_through_data_rewards_or_answers():
                     todo.append(nxt)
         return False
     assert graph["answers"] == set() and graph["hardware"] == set() and graph["atomic"] == set()
-    assert graph["data"] == {"answers"}
+    assert graph["errors"] == set()
+    assert graph["data"] == {"answers", "errors"}
     for name in ("data", "rewards", "answers", "evaluate"):
         assert not reaches(name, name), f"{name} imports itself through a cycle"

@@ -182,8 +182,8 @@ def test_rss_sampler_stops_on_exception():
 
 
 def test_cpu_utilization_is_a_fraction_of_the_cores():
-    a = torch.randn(256, 256)
-    out = prof.cpu_utilization(lambda: [a @ a for _ in range(50)], cores=2)
+    a = torch.randn(512, 512)      # ~0.1 s of work: CPU-time clocks tick in 10 ms steps
+    out = prof.cpu_utilization(lambda: [a @ a for _ in range(100)], cores=2)
     assert out["wall"] > 0 and out["cpu"] > 0 and out["cores"] == 2
     assert 0 <= out["utilization"] <= 1.2  # allow timer granularity
 
