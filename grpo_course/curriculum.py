@@ -166,7 +166,9 @@ def fisher_diagonal(model, batches: Iterable[Mapping[str, torch.Tensor]],
                     params: Mapping[str, torch.Tensor] | Sequence[str] | None = None,
                     log_likelihood: Callable | None = None,
                     progress: bool = True) -> dict[str, torch.Tensor]:
-    """Diagonal empirical Fisher ``F_i = (1/N) sum_n (d log p(y_n|x_n) / d theta_i)^2``.
+    """Diagonal Fisher ``F_i = (1/N) sum_n (d log p(y_n|x_n) / d theta_i)^2`` over the batches'
+    completions: the *true* Fisher when they are sampled from the policy (:func:`sampled_batches`),
+    the *empirical* Fisher when they are reference solutions (:func:`reference_batches`).
 
     Each batch is one forward pass; each of its ``N`` sequences gets its own backward
     pass (the Fisher needs per-sequence gradients: squaring a batch gradient would
@@ -216,7 +218,8 @@ def fisher_diagonal(model, batches: Iterable[Mapping[str, torch.Tensor]],
 
 def sampled_batches(model, tokenizer, rows, batch_size: int = 8, max_new_tokens: int = 128,
                     temperature: float = 1.0, seed: int = 0):
-    """Completions sampled from the policy for ``rows`` (one per problem), as Fisher batches."""
+    """Completions sampled from the policy for ``rows`` (one per problem), as Fisher batches
+    (the *true* Fisher: expectations under the model's own distribution)."""
     from .sampling import sample_completions
 
     rows = list(rows)
@@ -231,7 +234,8 @@ def sampled_batches(model, tokenizer, rows, batch_size: int = 8, max_new_tokens:
 
 
 def reference_batches(tokenizer, rows, batch_size: int = 8, max_completion_length: int = 128):
-    """GSM8K's reference solutions of ``rows`` as completions (the *empirical* Fisher)."""
+    """GSM8K's reference solutions of ``rows`` as completions (the *empirical* Fisher: gradients at
+    the data's answers rather than the model's)."""
     rows = list(rows)
     for lo in range(0, len(rows), batch_size):
         pairs = [sft_text(r["question"], r["solution"], tokenizer) for r in rows[lo:lo + batch_size]]
