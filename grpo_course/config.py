@@ -313,6 +313,7 @@ class Profile:
     cl_eval_per_stratum: int = 16                     # held-out test problems per stratum
     cl_eval_max_new_tokens: int = 128                 # greedy budget of those evaluations
     cl_fisher_prompts: int = 8                        # stage-1 problems for the Fisher
+    cl_fisher_many_prompts: int = 32                  # ... for the many-sample Fisher it is checked against
     cl_nll_rows: int = 24                             # held-out stage-1 solutions scored
     cl_lam: float = 1e4                               # EWC strength of the main run
     cl_sweep_lams: tuple[float, ...] = (0.0, 1e2, 1e4, 1e6)
@@ -354,7 +355,7 @@ PROFILES: dict[str, Profile] = {
         prof_lever_lengths=(8, 16), prof_nocache_tokens=8,
         trl_max_steps=1, trl_eval_n=8, pass_k_prompts=2,
         cl_steps_per_stage=1, cl_max_completion_length=16, cl_eval_per_stratum=2,
-        cl_eval_max_new_tokens=24, cl_fisher_prompts=2, cl_nll_rows=4,
+        cl_eval_max_new_tokens=24, cl_fisher_prompts=2, cl_fisher_many_prompts=4, cl_nll_rows=4,
         cl_sweep_lams=(0.0, 1e4), cl_sweep_steps=1,
         extra={},
     ),

@@ -216,6 +216,32 @@ def fisher_diagonal(model, batches: Iterable[Mapping[str, torch.Tensor]],
     return {n: f / count for n, f in fisher.items()}
 
 
+def fisher_agreement(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor],
+                     top: float = 0.01) -> dict[str, float]:
+    """How far two diagonal Fishers of the same parameters agree: Spearman's rank correlation
+    of the flattened diagonals, and the overlap of their top ``top`` fraction of parameters
+    (the ones EWC holds stiffly)."""
+    if set(a) != set(b):
+        raise CurriculumError(f"the two Fishers cover different parameters: "
+                              f"{sorted(set(a) ^ set(b))[:3]}")
+    x = torch.cat([a[n].flatten() for n in sorted(a)]).double()
+    y = torch.cat([b[n].flatten() for n in sorted(a)]).double()
+    if x.numel() < 2:
+        raise CurriculumError("a rank correlation needs at least two parameters")
+
+    def ranks(v: torch.Tensor) -> torch.Tensor:
+        r = torch.empty_like(v)
+        r[v.argsort()] = torch.arange(len(v), dtype=v.dtype)
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    spearman = float((rx * ry).sum() / (rx.norm() * ry.norm()).clamp_min(1e-300))
+    k = max(1, int(len(x) * top))
+    top_x, top_y = set(x.topk(k).indices.tolist()), set(y.topk(k).indices.tolist())
+    return {"spearman": spearman, "top_overlap": len(top_x & top_y) / k, "parameters": len(x)}
+
+
 def sampled_batches(model, tokenizer, rows, batch_size: int = 8, max_new_tokens: int = 128,
                     temperature: float = 1.0, seed: int = 0):
     """Completions sampled from the policy for ``rows`` (one per problem), as Fisher batches

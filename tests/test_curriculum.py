@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo_course.curriculum import (EWC, CurriculumError, completion_log_likelihood,
-                                    curriculum_stages, ewc_penalty, fisher_diagonal,
+                                    curriculum_stages, ewc_penalty, fisher_agreement, fisher_diagonal,
                                     order_by_pass_rate, reference_batches, shuffled_stages, take)
 from grpo_course.data import STRATA, load_gsm8k
 
@@ -244,3 +244,18 @@ def test_consolidate_accumulates_fisher_and_moves_anchor():
     assert ewc.fisher["theta"].item() == pytest.approx(0.1 + 0.6875 / 3, rel=1e-6)
     assert ewc.anchor["theta"].item() == pytest.approx(math.log(3.0))
     assert ewc.penalty(model).item() == 0.0
+
+
+def test_fisher_agreement_ranks_and_top_overlap():
+    a = {"w": torch.tensor([1.0, 2.0, 3.0, 4.0]), "v": torch.tensor([10.0, 0.5])}
+    same_order = {"w": a["w"] * 7, "v": a["v"] ** 2}           # monotone: the ranks do not change
+    out = fisher_agreement(a, same_order, top=0.2)
+    assert out == {"spearman": pytest.approx(1.0), "top_overlap": 1.0, "parameters": 6}
+    reversed_ = {"w": -a["w"], "v": -a["v"]}
+    assert fisher_agreement(a, reversed_)["spearman"] == pytest.approx(-1.0)
+    # hand value: x = [1,2,3,4], y = [1,3,2,4] -> Spearman 1 - 6*2/(4*15) = 0.8
+    got = fisher_agreement({"w": torch.tensor([1.0, 2, 3, 4])}, {"w": torch.tensor([1.0, 3, 2, 4])},
+                             top=0.5)
+    assert got["spearman"] == pytest.approx(0.8) and got["top_overlap"] == 0.5
+    with pytest.raises(CurriculumError, match="different parameters"):
+        fisher_agreement(a, {"w": a["w"]})
