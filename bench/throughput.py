@@ -1,4 +1,4 @@
-"""Throughput: the course trainer vs TRL's GRPOTrainer at the identical config.
+"""Throughput: the course trainer vs TRL's GRPOTrainer on the same work, TRL at its fastest.
 
     python bench/throughput.py            # one JSON line: ours, trl, ratio, sampling tok/s
     python bench/throughput.py --sweep    # also the cost curve against G and completion length
@@ -10,7 +10,13 @@ then ``--steps`` timed steps on the same GSM8K train prompts, with the same mode
 ``ours`` is the trainer as shipped: with beta = 0 it leaves groups whose rewards are all
 equal out of the training pass (their gradient is exactly 0; the update is unchanged).
 ``ours_all_groups`` runs the training pass on every group, i.e. the same FLOPs as TRL;
-the sweep (cost curve) uses that mode. Results are also written to
+the sweep (cost curve) uses that mode. Each trainer uses its own precision: the course
+trainer's ``auto`` (bf16 sampling and training pass where the CPU has native bf16, fp32
+elsewhere). TRL is timed in every precision mode of ``TRL_MODES`` (fp32, bf16 autocast, bf16
+weights + autocast) without activation checkpointing, then its fastest mode again with
+checkpointing (TRL's default); ``trl_best`` is the fastest of them all and ``ratio_vs_best``
+compares against it (``trl``, the fp32 run, is kept for the old ratio). The JSON line records
+the CPU flags, torch version and every setting. Results are also written to
 ``data/throughput.json`` for chapter 3's plots.
 """
 from __future__ import annotations
@@ -90,8 +96,18 @@ def worker_sampling(sequences: int, length: int, dtype: str = "auto") -> dict:
             "slot_tokens_per_s": sequences * s.completion_ids.shape[1] / secs}
 
 
-def worker_trl(G: int, completions: int, length: int, steps: int) -> dict:
+#: TRL's precision modes: ``trl.GRPOConfig`` fields, and the dtype of the loaded weights
+TRL_MODES = {"fp32": ({"bf16": False}, "float32"),
+             "bf16_autocast": ({"bf16": True}, "float32"),
+             "bf16_weights": ({"bf16": True}, "bfloat16")}
+
+
+def worker_trl(G: int, completions: int, length: int, steps: int, mode: str = "fp32",
+               checkpointing: bool = False) -> dict:
+    import torch
     from transformers import TrainerCallback
+
+    from grpo_course.models import load_model
 
     from grpo_course.trl_bridge import train_with_trl
 
@@ -107,10 +123,41 @@ def worker_trl(G: int, completions: int, length: int, steps: int) -> dict:
 
     cfg = replace(bench_config(G, completions, length), max_steps=steps + 1)
     timer = Timer()
-    run = train_with_trl(cfg, "/tmp/grpo_bench_trl", callbacks=[timer])
+    fields, weights = TRL_MODES[mode]
+    model, tok = load_model(cfg.model)
+    if weights == "bfloat16":
+        model = model.to(torch.bfloat16)
+    run = train_with_trl(cfg, "/tmp/grpo_bench_trl", model=model, tokenizer=tok, callbacks=[timer],
+                         gradient_checkpointing=checkpointing, **fields)
     lengths = run.series("completions/mean_length")
     toks = [int(completions * n) for n in lengths[1:]]
-    return summarize(timer.seconds[1:], toks, completions)
+    return {**summarize(timer.seconds[1:], toks, completions), "mode": mode,
+            "gradient_checkpointing": checkpointing, "weights": weights, **fields}
+
+
+def machine_facts() -> dict:
+    """The CPU flags that decide the fastest precision, and the torch version."""
+    import torch
+
+    from grpo_course.hardware import cpu_flags, cpu_name
+    flags = cpu_flags()
+    return {"cpu": cpu_name(), "torch": torch.__version__,
+            **{f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")}}
+
+
+def settings() -> dict:
+    """Every setting of both trainers that the benchmark does not vary."""
+    from grpo_course.config import GRPOConfig
+    from grpo_course.sampling import resolve_sampling_dtype
+    from grpo_course.trl_bridge import FIXED_TRL_FIELDS
+
+    cfg = GRPOConfig()
+    resolved = lambda name: str(resolve_sampling_dtype(name) or "torch.float32")
+    return {"ours": {"sampling_dtype": resolved(cfg.sampling_dtype),
+                     "train_dtype": resolved(cfg.train_dtype), "use_lora": cfg.use_lora,
+                     "lora_r": cfg.lora_r, "loss_type": cfg.loss_type, "beta": cfg.beta,
+                     "num_iterations": 1, "learning_rate": cfg.learning_rate},
+            "trl": {k: v for k, v in FIXED_TRL_FIELDS.items() if not callable(v)}}
 
 
 def spawn(args: list[str], timeout: float) -> dict:
@@ -128,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-generations", "-G", type=int, default=4)
     p.add_argument("--completions", type=int, default=8, help="completions per step")
     p.add_argument("--length", type=int, default=128, help="max completion tokens")
-    p.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
+    p.add_argument("--steps", type=int, default=5, help="timed steps after one warm-up")
+    p.add_argument("--trl-modes", default=",".join(TRL_MODES),
+                   help=f"TRL precision modes to time, comma-separated ({', '.join(TRL_MODES)})")
     p.add_argument("--only", choices=["ours", "trl", "sampling"], default=None)
     p.add_argument("--sweep", action="store_true", help="cost curve against G and length")
     p.add_argument("--out", default=str(ROOT / "data" / "throughput.json"))
@@ -136,11 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", choices=["ours", "trl", "sampling"], help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="auto", help=argparse.SUPPRESS)
     p.add_argument("--all-groups", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--trl-mode", default="fp32", help=argparse.SUPPRESS)
+    p.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     for flag, value in (("--num-generations", a.num_generations), ("--completions", a.completions),
                         ("--length", a.length), ("--steps", a.steps), ("--timeout", a.timeout)):
         if value <= 0:
             p.error(f"{flag} must be > 0; got {value}")
+    modes = [m.strip() for m in a.trl_modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in TRL_MODES]
+    if bad or not modes:
+        p.error(f"--trl-modes {a.trl_modes!r}: choose from {', '.join(TRL_MODES)}")
     if a.completions % a.num_generations:
         p.error(f"--completions {a.completions} is not divisible by --num-generations "
                 f"{a.num_generations}")
@@ -152,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.worker == "ours":
             res = worker_ours(a.num_generations, a.completions, a.length, a.steps, a.all_groups)
         elif a.worker == "trl":
-            res = worker_trl(a.num_generations, a.completions, a.length, a.steps)
+            res = worker_trl(a.num_generations, a.completions, a.length, a.steps, a.trl_mode,
+                             a.checkpointing)
         else:
             res = worker_sampling(a.completions, a.length, a.dtype)
         print(json.dumps(res))
@@ -165,18 +221,37 @@ def main(argv: list[str] | None = None) -> int:
                                "max_completion_length": a.length, "timed_steps": a.steps,
                                "threads": available_cores()},
                      "measured": {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
-                                  "cpus": os.cpu_count()}}
+                                  "cpus": os.cpu_count(), **machine_facts()},
+                     "settings": settings()}
     if a.only in (None, "ours"):
         result["ours"] = spawn(["--worker", "ours", *base], a.timeout)
         result["ours_all_groups"] = spawn(["--worker", "ours", "--all-groups", *base], a.timeout)
     if a.only in (None, "trl"):
-        result["trl"] = spawn(["--worker", "trl", *base], a.timeout)
+        runs = {m: spawn(["--worker", "trl", "--trl-mode", m, *base], a.timeout) for m in modes}
+        good = {m: r for m, r in runs.items() if "error" not in r}
+        if good:   # TRL's own default turns activation checkpointing on: time its fastest mode so
+            fastest = min(good, key=lambda m: good[m]["s_per_step"])
+            runs[fastest + "+checkpointing"] = spawn(
+                ["--worker", "trl", "--trl-mode", fastest, "--checkpointing", *base], a.timeout)
+        result["trl_modes"] = runs
+        result["trl"] = runs.get("fp32", next(iter(runs.values())))
+        good = {m: r for m, r in runs.items() if "error" not in r}
+        if good:
+            best = min(good, key=lambda m: good[m]["s_per_step"])
+            result["trl_best"] = {"mode": best, **{k: good[best][k] for k in
+                                  ("s_per_step", "completions_per_s", "peak_rss_mib")}}
     if "ours" in result and "trl" in result and "error" not in result["ours"] \
             and "error" not in result["trl"]:
         for suffix in ("", "_all_groups"):
             ours = result["ours" + suffix]
             result["ratio" + suffix] = ours["completions_per_s"] / result["trl"]["completions_per_s"]
             result["rss_ratio" + suffix] = ours["peak_rss_mib"] / result["trl"]["peak_rss_mib"]
+        if "trl_best" in result:
+            best = result["trl_best"]
+            result["ratio_vs_best"] = result["ours"]["completions_per_s"] / best["completions_per_s"]
+            every = result["ours_all_groups"]
+            result["ratio_all_groups_vs_best"] = every["completions_per_s"] / best["completions_per_s"]
+            result["rss_ratio_all_groups_vs_best"] = every["peak_rss_mib"] / best["peak_rss_mib"]
     if a.only in (None, "sampling"):
         for key, dtype in (("sampling_32", "auto"), ("sampling_32_fp32", "float32")):
             result[key] = spawn(["--worker", "sampling", "--completions", "32",
@@ -189,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep.append({"num_generations": G, "completions": 2 * G, "length": length, **res})
         result["sweep"] = sweep
     errors = [k for k, v in result.items() if isinstance(v, dict) and "error" in v]
+    errors += [f"trl {m}" for m, v in result.get("trl_modes", {}).items() if "error" in v]
     errors += [f"sweep G={r['num_generations']} length={r['length']}"
                for r in result.get("sweep", []) if "error" in r]
     if errors:  # keep the last good file; say what failed

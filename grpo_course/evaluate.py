@@ -254,6 +254,24 @@ def compare(a: EvalResult, b: EvalResult) -> dict[str, Any]:
             "difference": b.accuracy - a.accuracy, "mcnemar": test}
 
 
+def paired_verdict(a: EvalResult, b: EvalResult, name_a: str, name_b: str,
+                   alpha: float = 0.05) -> str:
+    """One computed sentence on two evaluations of the same problems: both accuracies with
+    95 % intervals, whether the intervals overlap, the discordant counts and McNemar's p."""
+    test = compare(a, b)["mcnemar"]
+    (alo, ahi), (blo, bhi) = a.accuracy_ci95, b.accuracy_ci95
+    overlap = max(alo, blo) <= min(ahi, bhi)
+    text = (f"{name_a} {100 * a.accuracy:.1f} % [{100 * alo:.1f}, {100 * ahi:.1f}] and {name_b} "
+            f"{100 * b.accuracy:.1f} % [{100 * blo:.1f}, {100 * bhi:.1f}] on the same {a.n} problems; "
+            f"the intervals {'overlap' if overlap else 'do not overlap'}. {test['a_only']} problems "
+            f"only {name_a} solved and {test['b_only']} only {name_b} (McNemar p = "
+            f"{test['p_value']:.2f}): ")
+    if test["p_value"] < alpha:
+        better = name_b if test["b_only"] > test["a_only"] else name_a
+        return text + f"{better} is better, beyond what chance explains at this n."
+    return text + "a difference this test cannot tell from chance at this n."
+
+
 def attribution_table(results: dict[str, EvalResult]) -> list[dict[str, Any]]:
     """One row per evaluated model (same problems): accuracy and format with 95 % intervals,
     answer-work consistency, mean completion length, and accuracy per difficulty stratum."""
@@ -386,3 +404,48 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ---------------------------------------------------------------- ask the models
+def adapter_state(model) -> dict[str, torch.Tensor]:
+    """A copy of ``model``'s trainable (LoRA) weights, to put back with :func:`answers_side_by_side`."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict | None],
+                         gold: str | None = None, solution: str | None = None,
+                         max_new_tokens: int = 200) -> list[dict[str, Any]]:
+    """Greedy answers to one ``question`` from one LoRA model under several adapter ``states``
+    (name -> :func:`adapter_state`, or ``None`` for the base model: adapter switched off), with
+    each answer's rewards against ``gold``. The model's own weights are put back afterwards."""
+    import contextlib
+
+    from .rewards import score_completions
+    from .sampling import sample_completions
+
+    current = adapter_state(model)
+    params = dict(model.named_parameters())
+    rows = []
+    try:
+        for name, state in states.items():
+            with torch.no_grad():
+                for key, value in (state or current).items():
+                    params[key].copy_(value)
+            off = model.disable_adapter() if state is None and hasattr(model, "disable_adapter") \
+                else contextlib.nullcontext()
+            with off:
+                text = sample_completions(model, tokenizer, [chat_prompt(question, tokenizer)], 1,
+                                          max_new_tokens, temperature=0.0).completions[0]
+            row = {"model": name, "answer": extract_hash_answer(text), "completion": text}
+            if gold is not None:
+                names = ["correctness", "exact_format", "number_extraction"] + \
+                    (["intermediate_results"] if solution is not None else [])
+                scores = score_completions([text], [gold], names,
+                                           solutions=None if solution is None else [solution])
+                row.update({k: v[0] for k, v in scores.items()})
+            rows.append(row)
+    finally:
+        with torch.no_grad():
+            for key, value in current.items():
+                params[key].copy_(value)
+    return rows

@@ -137,6 +137,38 @@ def kl_k3(per_token_logps: torch.Tensor, ref_per_token_logps: torch.Tensor) -> t
     return torch.exp(d) - d - 1
 
 
+def clipped_surrogate(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor,
+                      advantages: torch.Tensor, epsilon_low: float = 0.2,
+                      epsilon_high: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate per token, as a loss: ``-min(rho * A, clip(rho) * A)`` with
+    ``rho = exp(logp - old_logp)``. ``advantages`` is [B, 1] (one per completion) or [B, T].
+    Returns the per-token loss [B, T] and the ratio rho [B, T]."""
+    epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
+    ratio = torch.exp(per_token_logps - old_per_token_logps)              # [B, T], 1 at first
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    return -torch.min(ratio * advantages, clipped * advantages), ratio
+
+
+def aggregate_loss(per_token_loss: torch.Tensor, completion_mask: torch.Tensor,
+                   loss_type: str = "grpo", max_completion_length: int | None = None,
+                   num_items_in_batch: float | None = None) -> torch.Tensor:
+    """Average ``per_token_loss`` [B, T] over the real tokens (``completion_mask``) the way
+    ``loss_type`` says: this choice is each token's weight, and hence any length bias."""
+    mask = completion_mask.to(per_token_loss.dtype)
+    if loss_type == "grpo":      # each sequence's token mean, then the mean over sequences
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "bnpo":      # every real token of the batch alike
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":   # a constant denominator: no length bias
+        if max_completion_length is None:
+            raise ValueError("loss_type='dr_grpo' needs max_completion_length")
+        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
+    if loss_type == "dapo":      # every real token of the whole generation batch alike
+        n = mask.sum() if num_items_in_batch is None else torch.as_tensor(float(num_items_in_batch))
+        return (per_token_loss * mask).sum() / n.clamp(min=1.0)
+    raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+
+
 def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor,
               advantages: torch.Tensor, completion_mask: torch.Tensor, *,
               ref_per_token_logps: torch.Tensor | None = None, beta: float = 0.0,
@@ -167,25 +199,14 @@ def grpo_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor,
     mask = completion_mask.to(per_token_logps.dtype)
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
 
-    ratio = torch.exp(per_token_logps - old_per_token_logps)
-    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    per_token_loss = -torch.min(ratio * adv, clipped * adv)
+    per_token_loss, ratio = clipped_surrogate(per_token_logps, old_per_token_logps, adv,
+                                              epsilon_low, epsilon_high)
     kl = None
     if beta != 0.0:
         kl = kl_k3(per_token_logps, ref_per_token_logps)
         per_token_loss = per_token_loss + beta * kl
-
-    if loss_type == "grpo":
-        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    elif loss_type == "bnpo":
-        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-    elif loss_type == "dr_grpo":
-        if max_completion_length is None:
-            raise ValueError("loss_type='dr_grpo' needs max_completion_length")
-        loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
-    else:  # dapo
-        n = mask.sum() if num_items_in_batch is None else torch.as_tensor(float(num_items_in_batch))
-        loss = (per_token_loss * mask).sum() / n.clamp(min=1.0)
+    loss = aggregate_loss(per_token_loss, mask, loss_type, max_completion_length,
+                          num_items_in_batch)
 
     with torch.no_grad():
         n_tok = mask.sum().clamp(min=1.0)

@@ -16,7 +16,22 @@ def glue(name: str, value: Any, display: bool = True) -> None:
 
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         value = value.item()
+    GLUED[name] = value
     myst_glue(name, value, display=display)
+
+
+#: Every value glued in this kernel, by name (what the prose of the built book quotes).
+GLUED: dict[str, Any] = {}
+
+
+def glued_values():
+    """The values glued so far, one row each: in JupyterLab, where ``{glue}`` roles are not
+    rendered, each chapter's last cell (hidden in the built book) shows them with this."""
+    import pandas as pd
+
+    def shown(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+    return pd.DataFrame({"value": {k: shown(v) for k, v in GLUED.items()}}).rename_axis("glue name")
 
 
 DEFAULT_KEYS = ("reward", "rewards/correctness", "rewards/exact_format", "completion_length",

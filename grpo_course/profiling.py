@@ -268,10 +268,10 @@ def _best_time(fn: Callable[[], Any], repeats: int) -> float:
     return best
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 3) -> float:
-    """fp32 GFLOP/s of an ``n x n`` @ ``n x n`` matmul (2 n^3 FLOPs), best of ``repeats``."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    out = torch.empty(n, n)
+def matmul_gflops(n: int = 2048, repeats: int = 3, dtype: torch.dtype = torch.float32) -> float:
+    """GFLOP/s of an ``n x n`` @ ``n x n`` matmul (2 n^3 FLOPs) in ``dtype``, best of ``repeats``."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    out = torch.empty(n, n, dtype=dtype)
     return 2 * n**3 / _best_time(lambda: torch.mm(a, b, out=out), repeats) / 1e9
 
 
@@ -287,6 +287,7 @@ def copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
 class Limits:
     gflops: float          # peak fp32 matmul GFLOP/s measured here
     bandwidth: float       # GB/s measured here
+    bf16_gflops: float | None = None   # peak bf16 matmul GFLOP/s, where the CPU has native bf16
 
     @property
     def ridge(self) -> float:
@@ -294,8 +295,14 @@ class Limits:
         return self.gflops / self.bandwidth
 
 
-def measure_limits(n: int = 2048, mib: int = 256) -> Limits:
-    return Limits(gflops=matmul_gflops(n), bandwidth=copy_bandwidth(mib))
+def measure_limits(n: int = 2048, mib: int = 256, bf16: bool | None = None) -> Limits:
+    """The fp32 matmul peak and the copy bandwidth; also the bf16 matmul peak when ``bf16``
+    (default: where the CPU has native bf16, :func:`grpo_course.hardware.native_bf16`)."""
+    if bf16 is None:
+        from .hardware import native_bf16
+        bf16 = native_bf16()
+    return Limits(gflops=matmul_gflops(n), bandwidth=copy_bandwidth(mib),
+                  bf16_gflops=matmul_gflops(n, dtype=torch.bfloat16) if bf16 else None)
 
 
 @dataclass
@@ -306,6 +313,7 @@ class RooflinePoint:
     flops: float
     bytes: float
     seconds: float
+    dtype: str = "float32"   # the precision of its weights and matmuls: which compute roof applies
 
     @property
     def intensity(self) -> float:
@@ -316,16 +324,20 @@ class RooflinePoint:
         return self.flops / self.seconds / 1e9
 
     def bound(self, limits: Limits) -> float:
-        """The GFLOP/s the roofline allows at this intensity."""
-        return min(limits.gflops, self.intensity * limits.bandwidth)
+        """The GFLOP/s the roofline allows at this intensity (the bf16 roof for a bf16 point
+        where it was measured)."""
+        roof = limits.bf16_gflops if self.dtype == "bfloat16" and limits.bf16_gflops else limits.gflops
+        return min(roof, self.intensity * limits.bandwidth)
 
 
 def decode_point(n_params: int, tokens: int, decode_steps: int, seconds: float,
-                 bytes_per_param: int = 4, name: str = "sampling (decode)") -> RooflinePoint:
-    """Decoding: each of ``decode_steps`` steps reads every weight once and does 2 FLOPs
-    per parameter per sequence; ``tokens`` = all generated tokens (live rows)."""
+                 dtype: str = "float32", name: str = "sampling (decode)") -> RooflinePoint:
+    """Decoding: each of ``decode_steps`` steps reads every weight once (4 bytes each in
+    fp32, 2 in bf16) and does 2 FLOPs per parameter per sequence; ``tokens`` = all
+    generated tokens (live rows)."""
+    bytes_per_param = 2 if dtype == "bfloat16" else 4
     return RooflinePoint(name, 2.0 * n_params * tokens,
-                         float(n_params * bytes_per_param * decode_steps), seconds)
+                         float(n_params * bytes_per_param * decode_steps), seconds, dtype)
 
 
 def training_point(n_params: int, tokens: int, seconds: float, flops_per_param: float = 6.0,
@@ -349,7 +361,10 @@ def plot_roofline(limits: Limits, points: list[RooflinePoint], ax=None):
     lo = min([p.intensity for p in points] + [limits.ridge]) / 4
     hi = max([p.intensity for p in points] + [limits.ridge]) * 4
     x = np.logspace(np.log10(lo), np.log10(hi), 200)
-    ax.loglog(x, np.minimum(limits.gflops, x * limits.bandwidth), "k-", lw=2, label="roofline")
+    ax.loglog(x, np.minimum(limits.gflops, x * limits.bandwidth), "k-", lw=2, label="roofline (fp32)")
+    if limits.bf16_gflops:
+        ax.loglog(x, np.minimum(limits.bf16_gflops, x * limits.bandwidth), "k--", lw=1.5,
+                  label="roofline (bf16)")
     ax.axvline(limits.ridge, color="grey", ls=":", lw=1)
     for i, p in enumerate(points):
         ax.plot(p.intensity, p.gflops, "o", ms=9, color=f"C{i}",

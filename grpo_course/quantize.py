@@ -165,7 +165,9 @@ def _flat_dynamic_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _restore_dynamic(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+def restore_int8_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Rebuild each dynamically quantized linear's packed weight from its flat tensors
+    (``int8`` data, per-row ``scales`` and ``zero_points``), popping them from ``tensors``."""
     for name, module in model.named_modules():
         if not _is_dynamic_linear(module):
             continue
@@ -173,6 +175,10 @@ def _restore_dynamic(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -
             tensors.pop(f"{name}.weight_int8"), tensors.pop(f"{name}.weight_scales").double(),
             tensors.pop(f"{name}.weight_zero_points").long(), 0)
         module.set_weight_bias(q, tensors.pop(f"{name}.bias", None))
+
+
+def _restore_float_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy the remaining (float) parameters and buffers; every one must be there, once."""
     missing, filled = [], set()
     with torch.no_grad():
         for name, module in model.named_modules():
@@ -191,6 +197,11 @@ def _restore_dynamic(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -
     if tensors or missing:
         raise QuantizeError(f"checkpoint does not fit the model: missing {missing[:5]}, "
                             f"unexpected {list(tensors)[:5]}")
+
+
+def _restore_dynamic(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    restore_int8_weights(model, tensors)
+    _restore_float_tensors(model, tensors)
 
 
 def save_quantized(model: torch.nn.Module, tokenizer, folder: str | Path, variant: str) -> Path:

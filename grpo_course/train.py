@@ -307,6 +307,11 @@ class CourseTrainer:
                     for n, fn in self.reward_funcs.items()}
         return sum(weights.get(n, 0.0) * r for n, r in per_func.items()), per_func
 
+    def sampling_seed(self, round_: int = 0) -> int:
+        """The sampler's seed for this step's ``round_``-th sampling round (a function of the
+        config's seed and the step count, so a resumed run samples what an uninterrupted one does)."""
+        return self.config.seed * 1_000_003 + self.global_step * 101 + round_
+
     def generate_and_score(self, rows: dict[str, list]):
         """Sample G completions per prompt of ``rows`` and score them. With ``dynamic_sampling``
         (DAPO) groups whose rewards all tie are set aside and further prompts are sampled, up to
@@ -322,7 +327,7 @@ class CourseTrainer:
                 batch = sample_completions(
                     self.model, self.tokenizer, chat_prompts(rows["question"], self.tokenizer), G,
                     cfg.max_completion_length, cfg.temperature, cfg.top_p,
-                    seed=cfg.seed * 1_000_003 + self.global_step * 101 + rounds,
+                    seed=self.sampling_seed(rounds),
                     sampling_dtype=cfg.sampling_dtype)
             with self._phase("rewards"):
                 rewards, per_func = self._score(batch, rows)

@@ -29,6 +29,42 @@ def test_chapter_page_has_outputs_and_no_errors(stem):
     assert not re.search(r'class="[^"]*\berror\b', page), f"{stem}: a cell error is rendered"
 
 
+ROLE = re.compile(r"\{(glue|term|cite|doc|ref|numref|eq|download)(:[a-z]*)?\}|"
+                  r"\{(admonition|dropdown|note|warning|tip|math|figure|code-cell|glossary)\}")
+
+
+def _prose_text(page: str) -> str:
+    """The page's text as a reader sees it, without code cells (``<pre>``), scripts, styles and
+    LaTeX (where a literal ``{glue`` or ``{ref}`` may legitimately appear). Inline ``<code>``
+    stays: a role written inside backticks is exactly the bug this finds."""
+    page = re.sub(r"<(script|style|pre)\b.*?</\1>", " ", page, flags=re.S | re.I)
+    page = re.sub(r'<(span|div) class="math[^"]*">.*?</\1>', " ", page, flags=re.S)  # LaTeX
+    return re.sub(r"<[^>]+>", " ", page)
+
+
+def pages() -> list[Path]:
+    return sorted(Path(HTML).rglob("*.html")) if HTML else []
+
+
+def test_no_unrendered_myst_role_on_any_page():
+    assert pages(), "no HTML pages were built"
+    bad = {}
+    for path in pages():
+        if "_static" in path.parts or path.name in ("genindex.html", "search.html"):
+            continue
+        found = sorted({m.group(0) for m in ROLE.finditer(_prose_text(path.read_text(encoding="utf-8")))})
+        if found:
+            bad[str(path.relative_to(HTML))] = found
+    assert not bad, f"unrendered MyST roles or directives in the built book: {bad}"
+
+
+def test_role_check_catches_a_literal_role():
+    page = ("<p>The loss is {glue:text}`x:.2f`, {glue:}`n` and {term}`GRPO`.</p>"
+            "<pre>{glue:text}`fine`</pre>"
+            '<span class="math notranslate nohighlight">\\(\\pi_\\text{ref}\\)</span>')
+    assert {m.group(0) for m in ROLE.finditer(_prose_text(page))} == {"{glue:text}", "{glue:}", "{term}"}
+
+
 # ------------------------------------------------------------------ in a real browser
 def _chromium() -> str | None:
     import shutil
@@ -103,3 +139,47 @@ def test_browser_chapter_renders_figures_without_errors(served_book, page, stem)
     text = page.inner_text("article")
     assert "Traceback (most recent call last)" not in text
     assert page.query_selector_all(".output.traceback, .output.error") == [], f"{stem}: cell error"
+
+
+@pytest.mark.parametrize("stem", chapters())
+def test_browser_chapter_is_complete_offline(served_book, page, stem):
+    """What a reader without internet sees: every request a page makes stays on localhost (any
+    other is blocked and reported), the math is typeset by MathJax (no raw LaTeX left), static
+    widgets render where a chapter embeds one, and figures have a size."""
+    from urllib.parse import urlparse
+
+    outside, failed = [], []
+    def route(r):
+        if urlparse(r.request.url).hostname in ("127.0.0.1", "localhost"):
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
+    page.route("**/*", route)
+    on_failed = lambda req: failed.append(req.url)
+    on_response = lambda resp: failed.append(f"{resp.status} {resp.url}") if resp.status >= 400 else None
+    page.on("requestfailed", on_failed)
+    page.on("response", on_response)
+    try:
+        page.goto(f"{served_book}/notebooks/{stem}.html", wait_until="networkidle")
+        has_math = page.eval_on_selector_all(".math", "els => els.length") > 0
+        if has_math:
+            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise"
+                                   " && document.querySelectorAll('mjx-container').length > 0",
+                                   timeout=30_000)
+            page.evaluate("() => MathJax.startup.promise")
+        if page.query_selector('script[type="application/vnd.jupyter.widget-view+json"]'):
+            page.wait_for_selector(".jupyter-widgets", state="attached", timeout=30_000)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / f"offline-{stem}.png"), full_page=True)
+        text = page.inner_text("article")
+        sizes = page.eval_on_selector_all(
+            "article img", "els => els.map(e => [e.getAttribute('src'), e.complete, e.naturalWidth])")
+    finally:
+        page.unroute("**/*")
+        page.remove_listener("requestfailed", on_failed)
+        page.remove_listener("response", on_response)
+    assert not outside, f"{stem}: requests leaving localhost: {sorted(set(outside))}"
+    assert not failed, f"{stem}: failed requests: {sorted(set(failed))}"
+    assert "\\(" not in text and "\\[" not in text and "$$" not in text, f"{stem}: raw LaTeX on the page"
+    assert all(done and w > 0 for _, done, w in sizes), f"{stem}: images that did not load {sizes}"

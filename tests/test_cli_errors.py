@@ -320,6 +320,7 @@ def test_quantize_corrupt_variant_description(tmp_path, capsys):
     ("throughput", ["-G", "0"], ["--num-generations", "0"]),
     ("throughput", ["-G", "3", "--completions", "8"], ["--completions 8", "3"]),
     ("throughput", ["--only", "bogus"], ["'bogus'"]),
+    ("throughput", ["--trl-modes", "fp32,fp8"], ["--trl-modes", "fp8"]),
     ("throughput", ["--out", "{tmp}"], ["--out", "{tmp}"]),
 ])
 def test_bench_bad_options(script, args, values, tmp_path, capsys):

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from grpo_course.evaluate import EvalResult, answers_match, main, wilson_interval
 
@@ -158,3 +159,48 @@ def test_attribution_table_rows():
     assert rows[0]["accuracy %"] == 50.0 and rows[1]["accuracy %"] == 100.0
     assert rows[0]["basic % (n=1)"] == 0.0 and rows[1]["basic % (n=1)"] == 100.0
     assert rows[0]["mean tokens"] == 125 and rows[1]["consistency %"] == 100.0
+
+
+def _paired(a_right: list[bool], b_right: list[bool]):
+    rec = lambda i, ok: {"idx": i, "correct": ok, "formatted": True}
+    make = lambda oks: EvalResult(n=len(oks), correct=sum(oks), formatted=len(oks),
+                                  records=[rec(i, ok) for i, ok in enumerate(oks)])
+    return make(a_right), make(b_right)
+
+
+def test_paired_verdict_computes_overlap_and_the_test():
+    from grpo_course.evaluate import paired_verdict
+    # 12 problems only B solved, none only A: p = 2 / 2^12 < 0.05
+    a, b = _paired([False] * 40, [True] * 12 + [False] * 28)
+    text = paired_verdict(a, b, "fp32", "int8")
+    assert "0 problems only fp32 solved and 12 only int8" in text
+    assert "do not overlap" in text and "int8 is better" in text and "p = 0.00" in text
+    # one discordant problem each way: overlap, no verdict
+    a, b = _paired([True, False] + [False] * 8, [False, True] + [False] * 8)
+    text = paired_verdict(a, b, "fp32", "int8")
+    assert "the intervals overlap" in text and "cannot tell from chance" in text and "p = 1.00" in text
+
+
+def test_answers_side_by_side_switches_adapters_and_restores_them():
+    from grpo_course.config import GRPOConfig
+    from grpo_course.evaluate import adapter_state, answers_side_by_side
+    from grpo_course.train import add_lora
+    from tests.test_sampling import tiny_model, tiny_tokenizer
+
+    torch.manual_seed(0)
+    model = add_lora(tiny_model(), GRPOConfig(lora_target_modules=("q_proj", "v_proj")))
+    tok = tiny_tokenizer()
+    first = adapter_state(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p))
+    second = adapter_state(model)
+    rows = answers_side_by_side(model, tok, "What is 2 + 2?", {"base": None, "first": first,
+                                "second": second}, gold="4", max_new_tokens=6)
+    assert [r["model"] for r in rows] == ["base", "first", "second"]
+    assert all({"completion", "answer", "correctness", "exact_format"} <= set(r) for r in rows)
+    # LoRA B starts at zero: the first state answers exactly as the base model does
+    assert rows[0]["completion"] == rows[1]["completion"]
+    after = adapter_state(model)
+    assert all(torch.equal(after[k], second[k]) for k in second)      # the model's weights came back

@@ -49,3 +49,14 @@ def test_glue_turns_numpy_and_torch_scalars_into_python_numbers(monkeypatch):
     assert seen == {"a": 0.5, "b": 3, "c": "text"}
     assert type(seen["a"]) is float and type(seen["b"]) is int
     assert repr(seen["a"]) == "0.5"          # what {glue:text}`a:.1f` parses
+
+
+def test_glue_records_every_value_for_the_jupyterlab_table():
+    import numpy as np
+
+    from grpo_course import plotting
+    plotting.glue("test_acc", np.float64(0.123456), display=False)
+    plotting.glue("test_text", "a sentence", display=False)
+    table = plotting.glued_values()
+    assert table.loc["test_acc", "value"] == "0.1235" and table.loc["test_text", "value"] == "a sentence"
+    assert isinstance(plotting.GLUED["test_acc"], float)

@@ -255,3 +255,15 @@ def test_course_trainer_phases_and_unchanged_results(tokenizer):
         assert {"sampling", "rewards", "forward_backward", "optimizer"} <= set(rec.phases)
         assert rec.phases["forward_backward"] > 0
         assert 0 <= rec.other < 0.1 * rec.wall + 0.01, (rec.wall, rec.phases)
+
+
+def test_bf16_decode_point_reads_half_the_bytes_and_meets_the_bf16_roof():
+    fp32 = prof.decode_point(n_params=1000, tokens=32, decode_steps=4, seconds=1.0)
+    bf16 = prof.decode_point(n_params=1000, tokens=32, decode_steps=4, seconds=1.0, dtype="bfloat16")
+    assert bf16.bytes == fp32.bytes / 2 and bf16.intensity == pytest.approx(2 * fp32.intensity)
+    limits = prof.Limits(gflops=10.0, bandwidth=1.0, bf16_gflops=40.0)
+    compute_bound = prof.RooflinePoint("x", flops=1e12, bytes=1.0, seconds=1.0, dtype="bfloat16")
+    assert compute_bound.bound(limits) == 40.0
+    assert prof.RooflinePoint("y", flops=1e12, bytes=1.0, seconds=1.0).bound(limits) == 10.0
+    assert prof.Limits(gflops=10.0, bandwidth=1.0).bf16_gflops is None
+    assert prof.matmul_gflops(64, repeats=1, dtype=torch.bfloat16) > 0

