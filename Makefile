@@ -101,7 +101,7 @@ book: model static
 #   python -m grpo_course.publish --repository-url https://github.com/<you>/<fork>
 # then `make book`, then `make publish`, and push with the command it prints.
 publish: install
-	test -f _build/html/index.html || { echo "no built book in _build/html: run make book first"; exit 1; }
+	@test -f _build/html/index.html || { echo "no built book in _build/html: run make book first"; exit 1; }
 	touch _build/html/.nojekyll        # GitHub Pages: serve _static/ and _images/ as they are
 	echo "_build/html is ready. Publish it on the gh-pages branch with:"
 	echo "  $(BIN)/ghp-import -n -p -f _build/html"
