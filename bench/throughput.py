@@ -135,6 +135,12 @@ def worker_trl(G: int, completions: int, length: int, steps: int, mode: str = "f
             "gradient_checkpointing": checkpointing, "weights": weights, **fields}
 
 
+def fastest_run(runs: dict[str, dict]) -> str | None:
+    """The name of the run with the fewest seconds per step, among those that did not fail."""
+    good = {m: r for m, r in runs.items() if "error" not in r}
+    return min(good, key=lambda m: good[m]["s_per_step"]) if good else None
+
+
 def machine_facts() -> dict:
     """The CPU flags that decide the fastest precision, and the torch version."""
     import torch
@@ -228,17 +234,15 @@ def main(argv: list[str] | None = None) -> int:
         result["ours_all_groups"] = spawn(["--worker", "ours", "--all-groups", *base], a.timeout)
     if a.only in (None, "trl"):
         runs = {m: spawn(["--worker", "trl", "--trl-mode", m, *base], a.timeout) for m in modes}
-        good = {m: r for m, r in runs.items() if "error" not in r}
-        if good:   # TRL's own default turns activation checkpointing on: time its fastest mode so
-            fastest = min(good, key=lambda m: good[m]["s_per_step"])
+        fastest = fastest_run(runs)
+        if fastest:   # TRL's own default turns activation checkpointing on: time its fastest mode so
             runs[fastest + "+checkpointing"] = spawn(
                 ["--worker", "trl", "--trl-mode", fastest, "--checkpointing", *base], a.timeout)
         result["trl_modes"] = runs
         result["trl"] = runs.get("fp32", next(iter(runs.values())))
-        good = {m: r for m, r in runs.items() if "error" not in r}
-        if good:
-            best = min(good, key=lambda m: good[m]["s_per_step"])
-            result["trl_best"] = {"mode": best, **{k: good[best][k] for k in
+        best = fastest_run(runs)
+        if best:
+            result["trl_best"] = {"mode": best, **{k: runs[best][k] for k in
                                   ("s_per_step", "completions_per_s", "peak_rss_mib")}}
     if "ours" in result and "trl" in result and "error" not in result["ours"] \
             and "error" not in result["trl"]:

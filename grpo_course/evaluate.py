@@ -339,6 +339,50 @@ def run_configs(names: Sequence[str]) -> dict[str, dict[str, Any]]:
             configs[name] = {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()}
     return configs
 
+# ---------------------------------------------------------------- ask the models
+def adapter_state(model) -> dict[str, torch.Tensor]:
+    """A copy of ``model``'s trainable (LoRA) weights, to put back with :func:`answers_side_by_side`."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict | None],
+                         gold: str | None = None, solution: str | None = None,
+                         max_new_tokens: int = 200) -> list[dict[str, Any]]:
+    """Greedy answers to one ``question`` from one LoRA model under several adapter ``states``
+    (name -> :func:`adapter_state`, or ``None`` for the base model: adapter switched off), with
+    each answer's rewards against ``gold``. The model's own weights are put back afterwards."""
+    import contextlib
+
+    from .rewards import score_completions
+    from .sampling import sample_completions
+
+    current = adapter_state(model)
+    params = dict(model.named_parameters())
+    rows = []
+    try:
+        for name, state in states.items():
+            with torch.no_grad():
+                for key, value in (state or current).items():
+                    params[key].copy_(value)
+            off = model.disable_adapter() if state is None and hasattr(model, "disable_adapter") \
+                else contextlib.nullcontext()
+            with off:
+                text = sample_completions(model, tokenizer, [chat_prompt(question, tokenizer)], 1,
+                                          max_new_tokens, temperature=0.0).completions[0]
+            row = {"model": name, "answer": extract_hash_answer(text), "completion": text}
+            if gold is not None:
+                names = ["correctness", "exact_format", "number_extraction"] + \
+                    (["intermediate_results"] if solution is not None else [])
+                scores = score_completions([text], [gold], names,
+                                           solutions=None if solution is None else [solution])
+                row.update({k: v[0] for k, v in scores.items()})
+            rows.append(row)
+    finally:
+        with torch.no_grad():
+            for key, value in current.items():
+                params[key].copy_(value)
+    return rows
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = OneLineArgumentParser(prog="python -m grpo_course.evaluate",
@@ -405,47 +449,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     raise SystemExit(main())
 
-
-# ---------------------------------------------------------------- ask the models
-def adapter_state(model) -> dict[str, torch.Tensor]:
-    """A copy of ``model``'s trainable (LoRA) weights, to put back with :func:`answers_side_by_side`."""
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-
-
-def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict | None],
-                         gold: str | None = None, solution: str | None = None,
-                         max_new_tokens: int = 200) -> list[dict[str, Any]]:
-    """Greedy answers to one ``question`` from one LoRA model under several adapter ``states``
-    (name -> :func:`adapter_state`, or ``None`` for the base model: adapter switched off), with
-    each answer's rewards against ``gold``. The model's own weights are put back afterwards."""
-    import contextlib
-
-    from .rewards import score_completions
-    from .sampling import sample_completions
-
-    current = adapter_state(model)
-    params = dict(model.named_parameters())
-    rows = []
-    try:
-        for name, state in states.items():
-            with torch.no_grad():
-                for key, value in (state or current).items():
-                    params[key].copy_(value)
-            off = model.disable_adapter() if state is None and hasattr(model, "disable_adapter") \
-                else contextlib.nullcontext()
-            with off:
-                text = sample_completions(model, tokenizer, [chat_prompt(question, tokenizer)], 1,
-                                          max_new_tokens, temperature=0.0).completions[0]
-            row = {"model": name, "answer": extract_hash_answer(text), "completion": text}
-            if gold is not None:
-                names = ["correctness", "exact_format", "number_extraction"] + \
-                    (["intermediate_results"] if solution is not None else [])
-                scores = score_completions([text], [gold], names,
-                                           solutions=None if solution is None else [solution])
-                row.update({k: v[0] for k, v in scores.items()})
-            rows.append(row)
-    finally:
-        with torch.no_grad():
-            for key, value in current.items():
-                params[key].copy_(value)
-    return rows

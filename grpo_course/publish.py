@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from .atomic import atomic_write
+from .atomic import write_text_atomic
 from .errors import CourseError, OneLineArgumentParser, report
 
 GITHUB = re.compile(r"^https://github\.com/([A-Za-z0-9_.-]+)/([A-Za-z0-9_.-]+?)/?$")
@@ -36,12 +36,17 @@ def repository(config_file: Path) -> tuple[str, str]:
     return repo["url"].rstrip("/"), repo.get("branch", "main")
 
 
-def colab_link(url: str, branch: str, notebook: str) -> str:
-    """The Colab address of ``notebooks/<notebook>`` in the repository at ``url``."""
+def github_repo(url: str, what: str = "repository url") -> str:
+    """``owner/repo`` of a GitHub ``url``; ``what`` names the value in the error."""
     match = GITHUB.match(url)
     if not match:
-        raise PublishError(f"repository url {url!r} is not https://github.com/<owner>/<repo>")
-    return (f"https://colab.research.google.com/github/{match[1]}/{match[2]}/blob/{branch}/"
+        raise PublishError(f"{what} {url!r} is not https://github.com/<owner>/<repo>")
+    return f"{match[1]}/{match[2]}"
+
+
+def colab_link(url: str, branch: str, notebook: str) -> str:
+    """The Colab address of ``notebooks/<notebook>`` in the repository at ``url``."""
+    return (f"https://colab.research.google.com/github/{github_repo(url)}/blob/{branch}/"
             f"notebooks/{notebook}")
 
 
@@ -49,15 +54,11 @@ def set_repository(root: Path, new_url: str) -> list[Path]:
     """Point ``_config.yml``, every chapter's Colab badge and Colab install cell at ``new_url``;
     returns the files changed (each written atomically)."""
     new_url = new_url.rstrip("/")
-    new = GITHUB.match(new_url)
-    if not new:
-        raise PublishError(f"--repository-url {new_url!r} is not https://github.com/<owner>/<repo>")
+    new = github_repo(new_url, "--repository-url")
     config_file = Path(root) / "_config.yml"
     old_url, _ = repository(config_file)
-    old = GITHUB.match(old_url)
-    if not old:
-        raise PublishError(f"{config_file}: repository.url {old_url!r} is not a GitHub URL")
-    swaps = [(old_url, new_url), (f"/github/{old[1]}/{old[2]}/", f"/github/{new[1]}/{new[2]}/")]
+    old = github_repo(old_url, f"{config_file}: repository.url")
+    swaps = [(old_url, new_url), (f"/github/{old}/", f"/github/{new}/")]
     changed = []
     for path in [config_file, *sorted((Path(root) / "notebooks").glob("0*_*.ipynb"))]:
         text = path.read_text(encoding="utf-8")
@@ -65,7 +66,7 @@ def set_repository(root: Path, new_url: str) -> list[Path]:
         for a, b in swaps:
             updated = updated.replace(a, b)
         if updated != text:
-            atomic_write(path, lambda tmp, data=updated: tmp.write_text(data, encoding="utf-8"))
+            write_text_atomic(path, updated)
             changed.append(path)
     return changed
 
