@@ -170,9 +170,10 @@ def fisher_diagonal(model, batches: Iterable[Mapping[str, torch.Tensor]],
     completions: the *true* Fisher when they are sampled from the policy (:func:`sampled_batches`),
     the *empirical* Fisher when they are reference solutions (:func:`reference_batches`).
 
-    Each batch is one forward pass; each of its ``N`` sequences gets its own backward
-    pass (the Fisher needs per-sequence gradients: squaring a batch gradient would
-    mix the sequences). ``params``: names or ``name -> parameter`` (default: all
+    Each sequence gets its own forward and backward pass (the Fisher needs per-sequence
+    gradients: squaring a batch gradient would mix the sequences; and a backward pass of one
+    row through a batched graph costs as much as the whole batch's, so the rows are split
+    before the forward pass). ``params``: names or ``name -> parameter`` (default: all
     trainable ones). ``log_likelihood(model, batch) -> [N]`` defaults to
     :func:`completion_log_likelihood`.
     """
@@ -199,21 +200,37 @@ def fisher_diagonal(model, batches: Iterable[Mapping[str, torch.Tensor]],
     model.eval()  # no dropout: the Fisher of the deterministic policy
     try:
         for batch in tqdm(batches, desc="fisher", disable=not progress):
-            ll = log_likelihood(model, batch)
-            if ll.dim() != 1:
-                raise CurriculumError(f"log_likelihood must return [N], got {tuple(ll.shape)}")
-            for n in range(ll.shape[0]):
-                grads = torch.autograd.grad(ll[n], tensors, retain_graph=n < ll.shape[0] - 1,
-                                            allow_unused=True)
+            for n in range(_batch_rows(batch)):
+                ll = log_likelihood(model, _batch_row(batch, n))
+                if ll.shape != (1,):
+                    raise CurriculumError(f"log_likelihood must return [N], got {tuple(ll.shape)} "
+                                          "for one sequence")
+                grads = torch.autograd.grad(ll[0], tensors, allow_unused=True)
                 for name, g in zip(names, grads):
                     if g is not None:
                         fisher[name] += g.detach().float() ** 2
-            count += ll.shape[0]
+                count += 1
     finally:
         model.train(was_training)
     if count == 0:
         raise CurriculumError("fisher_diagonal got no sequences (empty batches)")
     return {n: f / count for n, f in fisher.items()}
+
+
+def _batch_rows(batch: Mapping[str, torch.Tensor]) -> int:
+    """Sequences of a Fisher batch: the most rows of its tensors. A tensor with fewer rows
+    holds one row per prompt, shared by ``G = sequences / rows`` consecutive completions."""
+    sizes = {v.shape[0] for v in batch.values()}
+    most = max(sizes, default=0)
+    if any(most % size for size in sizes):
+        raise CurriculumError(f"the batch's row counts {sorted(sizes)} do not divide each other")
+    return most
+
+
+def _batch_row(batch: Mapping[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+    """Sequence ``n`` of a Fisher batch as a batch of one (per-prompt tensors: its prompt's row)."""
+    most = _batch_rows(batch)
+    return {k: v[n // (most // v.shape[0])][None] for k, v in batch.items()}
 
 
 def fisher_agreement(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor],
