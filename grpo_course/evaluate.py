@@ -168,41 +168,76 @@ def _cache_file(key: dict[str, Any]) -> Path:
     return cache_dir() / "evals" / f"{name}.json"
 
 
+#: Problems decoded (and cached) together: an evaluation runs over consecutive blocks of this many
+#: rows, each sorted by prompt length and batched on its own. Records therefore do not depend on
+#: how many rows follow, and an evaluation of the first 128 problems reuses the cached blocks of one
+#: of the first 512 (chapter 4 reuses chapter 3's warm-start evaluation this way).
+EVAL_BLOCK = 64
+
+
 def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_tokens: int = 256,
                    system_prompt: str = SYSTEM_PROMPT, progress: bool = True,
                    name: str = "", sampling_dtype: str | None = "auto",
                    cache: bool = False) -> EvalResult:
     """Greedy-decode every problem of ``dataset`` (from :func:`load_gsm8k`) and score it.
 
-    Problems are batched by prompt length (less padding); records keep dataset order.
-    ``sampling_dtype`` is the decoder's weight precision (``"auto"``: bf16 on CPUs with
-    native bf16, see :func:`~grpo_course.sampling.resolve_sampling_dtype`; ``None`` or
-    ``"float32"``: the model's own). Greedy decoding is deterministic, so with ``cache=True``
-    the records are stored under ``cache_dir()/evals`` and reused when the weights (their
-    fingerprint), the prompts and the decoding settings are all identical.
+    Rows are decoded in blocks of :data:`EVAL_BLOCK`, batched by prompt length within a block
+    (less padding); records keep dataset order. ``sampling_dtype`` is the decoder's weight
+    precision (``"auto"``: bf16 on CPUs with native bf16, see
+    :func:`~grpo_course.sampling.resolve_sampling_dtype`; ``None`` or ``"float32"``: the model's
+    own). Greedy decoding is deterministic, so with ``cache=True`` each block's records are stored
+    under ``cache_dir()/evals`` and reused when the weights (their fingerprint), the block's
+    prompts and the decoding settings are all identical; ``cached`` is true when every block was.
     """
     from tqdm.auto import tqdm
 
-    from .sampling import sample_completions, sampler_dtype
+    from .sampling import sampler_dtype
 
     if batch_size <= 0 or max_new_tokens <= 0:
         raise ValueError("batch_size and max_new_tokens must be positive")
     rows = list(dataset)
     prompts = [chat_prompt(r["question"], tokenizer, system_prompt) for r in rows]
     dtype = sampler_dtype(model, sampling_dtype)
-    key = path = None
-    if cache:
-        key = {"weights": weights_fingerprint(model), "prompts": prompts,
-               "gold": [r["answer"] for r in rows], "batch_size": batch_size,
-               "max_new_tokens": max_new_tokens, "dtype": str(dtype), "version": 1}
-        path = _cache_file(key)
-        if path.exists():
-            stored = json.loads(path.read_text(encoding="utf-8"))
-            return EvalResult.from_records(stored["records"], stored["seconds"], name, cached=True)
+    fingerprint = weights_fingerprint(model) if cache else None
+    records: list[dict[str, Any]] = []
+    seconds, all_cached = 0.0, True
+    bar = tqdm(total=len(rows), desc="evaluate", disable=not progress)
+    for lo in range(0, len(rows), EVAL_BLOCK):
+        block, block_prompts = rows[lo:lo + EVAL_BLOCK], prompts[lo:lo + EVAL_BLOCK]
+        path = None
+        if cache:
+            key = {"weights": fingerprint, "prompts": block_prompts,
+                   "gold": [r["answer"] for r in block], "batch_size": batch_size,
+                   "max_new_tokens": max_new_tokens, "dtype": str(dtype), "version": 2}
+            path = _cache_file(key)
+            if path.exists():
+                stored = json.loads(path.read_text(encoding="utf-8"))
+                records += stored["records"]
+                seconds += stored["seconds"]
+                bar.update(len(block))
+                continue
+        start = time.perf_counter()
+        done = _decode_block(model, tokenizer, block, block_prompts, lo, batch_size,
+                             max_new_tokens, dtype, bar)
+        spent = time.perf_counter() - start
+        if path is not None:
+            write_json_atomic(path, {"key": {k: v for k, v in key.items() if k != "prompts"},
+                                     "seconds": spent, "records": done})
+        records += done
+        seconds += spent
+        all_cached = False
+    bar.close()
+    return EvalResult.from_records(records, seconds, name, cached=cache and all_cached and bool(rows))
+
+
+def _decode_block(model, tokenizer, rows, prompts, first: int, batch_size: int,
+                  max_new_tokens: int, dtype, bar) -> list[dict[str, Any]]:
+    """Greedy answers and scores of one block of rows (``first``: the block's first row in the
+    data set, the ``idx`` of rows without one), in the rows' order."""
+    from .sampling import sample_completions
+
     order = sorted(range(len(rows)), key=lambda i: len(prompts[i]))
     records: list[dict[str, Any] | None] = [None] * len(rows)
-    start = time.perf_counter()
-    bar = tqdm(total=len(rows), desc="evaluate", disable=not progress)
     for lo in range(0, len(order), batch_size):
         chunk = order[lo:lo + batch_size]
         batch = sample_completions(model, tokenizer, [prompts[i] for i in chunk],
@@ -212,20 +247,14 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
         for j, i in enumerate(chunk):
             row, text = rows[i], batch.completions[j]
             predicted = extract_hash_answer(text)
-            records[i] = {"idx": row.get("idx", i), "difficulty": row.get("difficulty"),
+            records[i] = {"idx": row.get("idx", first + i), "difficulty": row.get("difficulty"),
                           "num_steps": row.get("num_steps"), "gold": row["answer"],
                           "predicted": predicted, "formatted": predicted is not None,
                           "correct": answers_match(predicted, row["answer"]),
                           "consistent": work_consistent(text),
                           "completion_tokens": int(lengths[j]), "completion": text}
         bar.update(len(chunk))
-    bar.close()
-    done = [r for r in records if r is not None]
-    result = EvalResult.from_records(done, time.perf_counter() - start, name)
-    if path is not None:
-        write_json_atomic(path, {"key": {k: v for k, v in key.items() if k != "prompts"},
-                                 "seconds": result.seconds, "records": done})
-    return result
+    return [r for r in records if r is not None]
 
 
 def evaluate(model_name: str, split: str = "test", n: int = 200, offset: int = 0,

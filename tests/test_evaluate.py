@@ -204,3 +204,26 @@ def test_answers_side_by_side_switches_adapters_and_restores_them():
     assert rows[0]["completion"] == rows[1]["completion"]
     after = adapter_state(model)
     assert all(torch.equal(after[k], second[k]) for k in second)      # the model's weights came back
+
+
+def test_eval_blocks_make_a_prefix_reuse_the_cache_of_a_longer_run(gsm8k_dir, tmp_path, monkeypatch):
+    """Rows are decoded in blocks of EVAL_BLOCK: the first block's records do not depend on the rows
+    after it, so an evaluation of a prefix reuses the cached blocks of a longer one."""
+    from grpo_course import evaluate as ev
+    from grpo_course.data import load_gsm8k
+    from tests.test_sampling import tiny_model, tiny_tokenizer
+
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(ev, "EVAL_BLOCK", 2)
+    model, tok = tiny_model(), tiny_tokenizer()
+    rows = load_gsm8k("test", data_dir=gsm8k_dir, limit=3)
+    run = lambda data, cache=True: ev.evaluate_model(model, tok, data, batch_size=2, max_new_tokens=6,
+                                                     progress=False, cache=cache,
+                                                     sampling_dtype="float32")
+    longer = run(rows)
+    assert not longer.cached and longer.n == 3
+    assert len(list((tmp_path / "cache" / "evals").glob("*.json"))) == 2     # blocks of 2 and 1
+    prefix = run(rows.select(range(2)))
+    assert prefix.cached and prefix.records == longer.records[:2]
+    assert run(rows, cache=False).records == longer.records                  # same with or without
+    assert [r["idx"] for r in longer.records] == list(rows["idx"])
