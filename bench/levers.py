@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import statistics
 import sys
 import time
@@ -28,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from grpo_course.errors import CourseError, OneLineArgumentParser, report  # noqa: E402
+from grpo_course.hardware import bench_facts  # noqa: E402
 
 PLAIN = dict(num_generations=4, per_step_completions=8, prompt_order="random",
              dynamic_sampling=False, num_iterations=1, epsilon_high=None,
@@ -43,14 +43,6 @@ LEVERS = {
     "num_iterations=2": dict(num_iterations=2, epsilon_high=0.28),
     "mask_truncated": dict(mask_truncated_completions=True),
 }
-
-
-def cpu_flags() -> dict:
-    """The machine's vector and matrix extensions, for the results file."""
-    from grpo_course.hardware import cpu_flags as flags, native_bf16
-
-    return {**{f: f in flags() for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16")},
-            "native_bf16": native_bf16()}
 
 
 def run_variant(name: str, changes: dict, steps: int, warm_dir, train) -> dict:
@@ -110,8 +102,7 @@ def _run(a, names: list[str]) -> int:
 
     train = load_gsm8k("train")
     warm_dir = warm_start(get_profile("full").grpo, train)
-    result = {"machine": {"cpu": platform.processor() or platform.machine(), **cpu_flags(),
-                          "torch": torch.__version__, "threads": torch.get_num_threads()},
+    result = {"machine": {**bench_facts(), "threads": torch.get_num_threads()},
               "variants": {}}
     for name in names:
         start = time.perf_counter()

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from grpo_course.atomic import write_json_atomic  # noqa: E402
 from grpo_course.errors import OneLineArgumentParser  # noqa: E402
-from grpo_course.hardware import available_cores, peak_rss_mib  # noqa: E402
+from grpo_course.hardware import available_cores, bench_facts, peak_rss_mib  # noqa: E402
 
 
 def bench_config(G: int, completions: int, length: int):
@@ -141,16 +141,6 @@ def fastest_run(runs: dict[str, dict]) -> str | None:
     return min(good, key=lambda m: good[m]["s_per_step"]) if good else None
 
 
-def machine_facts() -> dict:
-    """The CPU flags that decide the fastest precision, and the torch version."""
-    import torch
-
-    from grpo_course.hardware import cpu_flags, cpu_name
-    flags = cpu_flags()
-    return {"cpu": cpu_name(), "torch": torch.__version__,
-            **{f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")}}
-
-
 def settings() -> dict:
     """Every setting of both trainers that the benchmark does not vary."""
     from grpo_course.config import GRPOConfig
@@ -227,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                                "max_completion_length": a.length, "timed_steps": a.steps,
                                "threads": available_cores()},
                      "measured": {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
-                                  "cpus": os.cpu_count(), **machine_facts()},
+                                  "cpus": os.cpu_count(), **bench_facts()},
                      "settings": settings()}
     if a.only in (None, "ours"):
         result["ours"] = spawn(["--worker", "ours", *base], a.timeout)

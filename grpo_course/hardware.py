@@ -73,6 +73,16 @@ def cpu_features() -> dict[str, Any]:
             "avx512_bf16": has_avx512_bf16(), "amx": has_amx(), "native_bf16": native_bf16()}
 
 
+def bench_facts() -> dict[str, Any]:
+    """What every benchmark records about the machine it ran on: the CPU, the flags that decide
+    the fastest precision (AVX2, AVX-512, AVX512-BF16, AMX), native bf16 and torch's version."""
+    import torch
+    flags = cpu_flags()
+    return {"cpu": cpu_name(), "torch": torch.__version__,
+            **{f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")},
+            "native_bf16": native_bf16()}
+
+
 def describe_cpu(features: dict[str, Any] | None = None) -> str:
     """One phrase for the prose, e.g. "AMD EPYC; torch kernels at AVX512; int8 dot products
     (VNNI): yes; native bf16: no; AMX: no"."""
