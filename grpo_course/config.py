@@ -319,19 +319,19 @@ class Profile:
     prof_nocache_tokens: int = 32                     # budget of the KV-cache lever
     # chapter 4 (TRL GRPOTrainer); the rest of the run uses ``grpo`` and ``eval``
     trl_max_steps: int = 8                            # GRPOTrainer optimizer steps (smoke: 1)
-    trl_eval_n: int = 256                             # held-out problems for the TRL-trained model
+    trl_eval_n: int = 128                             # held-out problems per model (the warm start's are
+                                                      # reused from chapter 3's cached evaluation)
     trl_ddp_steps: int = 2                            # steps of the 1- vs 2-process TRL runs
     # chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides
-    cl_steps_per_stage: int = 3                       # GRPO steps per curriculum stage
+    cl_steps_per_stage: int = 2                       # GRPO steps per curriculum stage (and per swept lambda)
     cl_max_completion_length: int = 96                # completion budget while training
-    cl_eval_per_stratum: int = 16                     # held-out test problems per stratum
-    cl_eval_max_new_tokens: int = 128                 # greedy budget of those evaluations
+    cl_eval_n: int = 32                               # held-out basic (stage-1) test problems
+    cl_eval_max_new_tokens: int = 96                  # greedy budget of those evaluations
     cl_fisher_prompts: int = 8                        # stage-1 problems for the Fisher
     cl_fisher_many_prompts: int = 32                  # ... for the many-sample Fisher it is checked against
     cl_nll_rows: int = 24                             # held-out stage-1 solutions scored
     cl_lam: float = 1e4                               # EWC strength of the main run
-    cl_sweep_lams: tuple[float, ...] = (0.0, 1e2, 1e4, 1e6)
-    cl_sweep_steps: int = 2                           # stage-2 steps per swept lambda
+    cl_sweep_lams: tuple[float, ...] = (0.0, 1e2, 1e4, 1e6)   # 0: the curriculum run itself
     # chapters 4 and 5 train shorter runs than chapter 3, with smaller steps (see short_run)
     short_num_generations: int = 4                    # G of chapters 4 and 5
     short_per_step_completions: int = 8               # completions per step there
@@ -368,9 +368,9 @@ PROFILES: dict[str, Profile] = {
         prof_copy_mib=64, prof_lever_length=8, prof_lever_generations=(2, 4),
         prof_lever_lengths=(8, 16), prof_nocache_tokens=8,
         trl_max_steps=1, trl_eval_n=8, trl_ddp_steps=1, pass_k_prompts=2,
-        cl_steps_per_stage=1, cl_max_completion_length=16, cl_eval_per_stratum=2,
+        cl_steps_per_stage=1, cl_max_completion_length=16, cl_eval_n=2,
         cl_eval_max_new_tokens=24, cl_fisher_prompts=2, cl_fisher_many_prompts=4, cl_nll_rows=4,
-        cl_sweep_lams=(0.0, 1e4), cl_sweep_steps=1,
+        cl_sweep_lams=(0.0, 1e4),
         extra={},
     ),
     "full": Profile(

@@ -98,15 +98,6 @@ def shuffled_stages(stages: Sequence[Stage], seed: int = 0) -> list[Stage]:
     return out
 
 
-def stratified_sample(dataset, per_stratum: int, seed: int | None = None):
-    """``per_stratum`` rows of each stratum of ``dataset``, concatenated (an evaluation set
-    with equal n per stratum)."""
-    from datasets import concatenate_datasets
-
-    return concatenate_datasets([s.dataset for s in take(curriculum_stages(dataset),
-                                                         per_stratum, seed)])
-
-
 def order_by_pass_rate(pass_rates: Mapping[str, float]) -> tuple[str, ...]:
     """Strata from easiest (highest measured pass rate) to hardest; ties keep step order."""
     missing = set(STRATA) - set(pass_rates)
