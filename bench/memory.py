@@ -1,0 +1,165 @@
+"""Peak memory and wall time of every chapter, each executed in a fresh kernel.
+
+    python bench/memory.py                                 # binder and full profiles, all chapters
+    python bench/memory.py --profiles binder --chapters 03,04
+
+Each (chapter, profile) pair runs its notebook top to bottom in a new Jupyter kernel started with
+``GRPO_COURSE_PROFILE=<profile>`` (a copy of the notebook in a temporary folder; ``notebooks/``
+is never written). While it runs, the resident memory of the kernel and every process it starts
+(TRL's launcher and its ranks, pytest) is summed every ``--interval`` seconds; the peak of that sum
+is the chapter's ``peak_rss_mib``. The results are merged into ``--out`` (default
+``data/memory.json``, written atomically after every pair, so an interrupted run keeps what it
+measured and the notebooks' :func:`grpo_course.memory.check_memory` reads it). One JSON line
+with every measured pair, the limit of the ``binder`` profile (1.8 GiB per chapter) and the
+machine is printed at the end; progress goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from grpo_course.atomic import write_json_atomic  # noqa: E402
+from grpo_course.config import PROFILE_NAMES  # noqa: E402
+from grpo_course.errors import OneLineArgumentParser  # noqa: E402
+from grpo_course.hardware import bench_facts  # noqa: E402
+from grpo_course.memory import (CHAPTER_LIMIT_MIB, MEMORY_FILE, memory_limit_bytes,  # noqa: E402
+                                read_measurements, tree_rss_bytes)
+
+NOTEBOOKS = ROOT / "notebooks"
+
+
+class PeakSampler(threading.Thread):
+    """Samples the summed RSS of a process tree until stopped; ``peak`` is the largest sum."""
+
+    def __init__(self, pid: int, interval: float):
+        super().__init__(daemon=True)
+        self.pid, self.interval, self.peak = pid, interval, 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            self.peak = max(self.peak, tree_rss_bytes(self.pid))
+            self._stop_event.wait(self.interval)
+
+    def stop(self) -> int:
+        self._stop_event.set()
+        self.join()
+        return self.peak
+
+
+def run_chapter(path: Path, profile: str, interval: float, timeout: float) -> dict:
+    """Execute one notebook in a fresh kernel on ``profile``; its peak RSS (MiB) and wall time."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    work = Path(tempfile.mkdtemp(prefix="memory-"))
+    try:
+        shutil.copytree(ROOT / "book", work / "book")           # relative image links
+        (work / "notebooks").mkdir()
+        env = {**os.environ, "GRPO_COURSE_PROFILE": profile}
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                resources={"metadata": {"path": str(work / "notebooks")}})
+        start, error = time.perf_counter(), None
+        with client.setup_kernel(env=env, cwd=str(work / "notebooks")):
+            sampler = PeakSampler(client.km.provisioner.pid, interval)
+            sampler.start()
+            try:
+                for index, cell in enumerate(nb.cells):
+                    client.execute_cell(cell, index)
+            except CellExecutionError as exc:
+                error = " ".join(str(exc).split())[-300:]
+            finally:
+                peak = sampler.stop()
+        wall = time.perf_counter() - start
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"peak_rss_mib": round(peak / 2**20, 1), "wall_s": round(wall, 1), "ok": error is None,
+            **({"error": error} if error else {}), "date": time.strftime("%Y-%m-%d %H:%M"),
+            "commit": git_commit()}
+
+
+def git_commit() -> str | None:
+    """The checkout's commit (with ``+`` when it has uncommitted changes), if git knows it."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               text=True, capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
+
+
+def chapter_paths(names: str | None) -> list[Path]:
+    """The notebooks named by ``--chapters`` (number prefixes or stems), all when ``None``."""
+    every = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if not names:
+        return every
+    chosen = []
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        match = [p for p in every if p.stem == name or p.stem.split("_")[0] == name.zfill(2)]
+        if not match:
+            raise ValueError(f"--chapters: no chapter {name!r} (choose from "
+                             f"{', '.join(p.stem for p in every)})")
+        chosen += match
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = OneLineArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--profiles", default="binder,full", help="comma-separated profiles to measure")
+    p.add_argument("--chapters", default=None, help="e.g. 03,04 (default: every chapter)")
+    p.add_argument("--interval", type=float, default=0.5, help="seconds between RSS samples")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds one cell may run")
+    p.add_argument("--out", default=str(MEMORY_FILE))
+    a = p.parse_args(argv)
+    profiles = [x.strip() for x in a.profiles.split(",") if x.strip()]
+    bad = [x for x in profiles if x not in PROFILE_NAMES]
+    if bad or not profiles:
+        p.error(f"--profiles {a.profiles!r}: choose from {', '.join(PROFILE_NAMES)}")
+    if a.interval <= 0 or a.timeout <= 0:
+        p.error(f"--interval and --timeout must be > 0; got {a.interval} and {a.timeout}")
+    out = Path(a.out)
+    if out.is_dir() or not out.parent.is_dir():
+        p.error(f"--out {a.out!r} must name a file in an existing folder")
+    try:
+        paths = chapter_paths(a.chapters)
+    except ValueError as exc:
+        p.error(str(exc))
+
+    results = read_measurements(out)
+    for path in paths:
+        for profile in profiles:
+            print(f"{path.stem} on {profile} ...", file=sys.stderr, flush=True)
+            res = run_chapter(path, profile, a.interval, a.timeout)
+            results.setdefault(path.stem, {})[profile] = res
+            print(f"  peak {res['peak_rss_mib']:.0f} MiB, {res['wall_s'] / 60:.1f} min"
+                  + ("" if res["ok"] else f", FAILED: {res['error']}"), file=sys.stderr, flush=True)
+            write_json_atomic(out, {"results": results})
+    binder = {ch: r["binder"]["peak_rss_mib"] for ch, r in results.items() if "binder" in r}
+    line = {"bench": "memory", "results": results,
+            "binder_limit_mib": CHAPTER_LIMIT_MIB,
+            "binder_within_limit": all(v <= CHAPTER_LIMIT_MIB for v in binder.values()) if binder else None,
+            "machine": {**bench_facts(), "memory_limit_mib": round(memory_limit_bytes() / 2**20)}}
+    write_json_atomic(out, {"results": results, "machine": line["machine"]})
+    print(json.dumps(line))
+    failed = [f"{ch}/{pr}" for ch, r in results.items() for pr, v in r.items() if not v["ok"]]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

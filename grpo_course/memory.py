@@ -1,0 +1,99 @@
+"""How much memory a chapter needs, and how much this machine gives.
+
+``bench/memory.py`` executes each chapter in a fresh kernel and records its peak resident memory
+(kernel and child processes, sampled) per profile in ``data/memory.json``. A notebook calls
+:func:`check_memory` before its heavy cells: where the measured peak of its chapter on the
+current profile exceeds what the machine (or its container, e.g. Binder's ~2 GB) allows, it says
+so before it starts instead of being killed half-way. :func:`memory_limit_bytes` is also what
+picks the ``binder`` profile automatically on small machines (:func:`grpo_course.config.get_profile`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+#: The measurements of ``bench/memory.py``: ``{"results": {chapter: {profile: {...}}}}``.
+MEMORY_FILE = Path(__file__).resolve().parents[1] / "data" / "memory.json"
+#: Below this much memory the ``binder`` profile is chosen when none is named.
+SMALL_MACHINE_BYTES = 4 * 2**30
+#: Binder's per-session memory (mybinder.org gives "up to 2 GB") and the most a chapter may take
+#: on the ``binder`` profile, leaving room for the notebook server.
+BINDER_BYTES = 2 * 10**9
+CHAPTER_LIMIT_MIB = 1.8 * 1024
+
+_CGROUP_FILES = ("/sys/fs/cgroup/memory.max",                        # cgroup v2
+                 "/sys/fs/cgroup/memory/memory.limit_in_bytes")      # cgroup v1
+
+
+def cgroup_limit_bytes(files: tuple[str, ...] = _CGROUP_FILES) -> int | None:
+    """The container's memory limit (cgroup v2 or v1), or ``None`` where there is none."""
+    for name in files:
+        try:
+            text = Path(name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:     # "max" or a huge v1 value: no limit
+            return int(text)
+    return None
+
+
+def memory_limit_bytes() -> int:
+    """The memory this process can use at most: the machine's RAM or its container's limit,
+    whichever is smaller."""
+    import psutil
+
+    total = psutil.virtual_memory().total
+    limit = cgroup_limit_bytes()
+    return min(total, limit) if limit else total
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` and all its descendants now (0 once it is gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:      # exited between listing and reading
+            pass
+    return total
+
+
+def read_measurements(path: str | Path = MEMORY_FILE) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{chapter: {profile: {"peak_rss_mib", "wall_s", ...}}}`` from ``bench/memory.py``'s
+    file; empty when it has not been run."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8")).get("results", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def check_memory(chapter: str, profile: str, path: str | Path = MEMORY_FILE,
+                 limit_bytes: int | None = None) -> str:
+    """One sentence on whether ``chapter`` fits this machine on ``profile``, from its measured
+    peak (printed by the notebook before its heavy cells). It warns, naming the profile that
+    fits, when the measured peak is larger than the memory this machine gives."""
+    limit = memory_limit_bytes() if limit_bytes is None else limit_bytes
+    limit_gib = limit / 2**30
+    peaks = read_measurements(path).get(chapter, {})
+    peak = peaks.get(profile, {}).get("peak_rss_mib")
+    if peak is None:
+        return (f"This machine gives {limit_gib:.1f} GiB; the peak of {chapter} on the {profile} "
+                f"profile has not been measured here (python bench/memory.py).")
+    if peak * 2**20 <= limit:
+        return (f"This chapter peaked at {peak / 1024:.1f} GiB on the {profile} profile when "
+                f"measured; this machine gives {limit_gib:.1f} GiB: it fits.")
+    fits = sorted((p for p, m in peaks.items() if m.get("peak_rss_mib", 1e18) * 2**20 <= limit),
+                  key=lambda p: -peaks[p]["peak_rss_mib"])
+    advice = (f"set GRPO_COURSE_PROFILE={fits[0]} (measured {peaks[fits[0]]['peak_rss_mib'] / 1024:.1f} "
+              f"GiB) and restart the kernel" if fits else "no measured profile fits it")
+    return (f"WARNING: this chapter peaked at {peak / 1024:.1f} GiB on the {profile} profile, more "
+            f"than the {limit_gib:.1f} GiB this machine gives: the kernel would be killed part-way. "
+            f"{advice[0].upper()}{advice[1:]}.")
