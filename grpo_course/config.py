@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -19,7 +20,7 @@ from .atomic import write_text_atomic
 from .errors import CourseError
 
 PROFILE_ENV = "GRPO_COURSE_PROFILE"
-PROFILE_NAMES = ("smoke", "full")
+PROFILE_NAMES = ("smoke", "full", "binder")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 SAMPLING_DTYPES = ("auto", "float32", "bfloat16")   # GRPOConfig.sampling_dtype (see sampling)
 PROMPT_ORDERS = ("random", "easy_first")            # GRPOConfig.prompt_order
@@ -90,6 +91,9 @@ class GRPOConfig:
         "help": "GRPO training pass: auto (bf16 autocast on bf16-capable CPUs) | float32 | bfloat16."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "Activation checkpointing in the training pass: keep only each layer's input and "
+                "recompute the rest in the backward pass (less memory, one more forward)."})
     use_lora: bool = field(default=True, metadata={
         "help": "Train LoRA adapters (peft) instead of every weight."})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
@@ -392,12 +396,46 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+
+def _binder_profile(full: Profile) -> Profile:
+    """The full profile's lessons within a free Binder session's 2 GB (each chapter's peak RSS
+    at most 1.8 GiB, measured by ``bench/memory.py``): the same recipe and warm start, with
+    activation checkpointing in the training passes (the course trainer's and TRL's), smaller
+    sampling and evaluation batches, fewer held-out problems (the intervals say so), and no
+    2-process run (two more copies of the model do not fit)."""
+    return replace(
+        full, name="binder",
+        eval=EvalConfig(n=128, batch_size=8, max_new_tokens=200),
+        grpo=replace(full.grpo, per_step_completions=8, gradient_checkpointing=True),
+        reward_prompts=4, pass_k_prompts=4,
+        quant_eval_n=48, prof_copy_mib=128,
+        trl_eval_n=128, trl_ddp_steps=0, short_per_step_completions=4)
+
+
+PROFILES["binder"] = _binder_profile(PROFILES["full"])
+
+
 def get_profile(name: str | None = None) -> Profile:
-    """The profile named ``name``, else ``$GRPO_COURSE_PROFILE``, else ``full``."""
-    name = name or os.environ.get(PROFILE_ENV) or "full"
+    """The profile named ``name``, else ``$GRPO_COURSE_PROFILE``, else ``binder`` on a machine
+    (or container) with less than 4 GiB of memory (saying so once), else ``full``."""
+    name = name or os.environ.get(PROFILE_ENV) or _default_profile_name()
     name = name.strip().lower()
     if name not in PROFILES:
         raise ConfigError(
             f"unknown profile {name!r} (from ${PROFILE_ENV} or the argument); "
             f"choose one of {', '.join(PROFILE_NAMES)}")
     return PROFILES[name]
+
+
+@lru_cache(maxsize=1)
+def _default_profile_name() -> str:
+    """``full``, or ``binder`` where the memory limit is under 4 GiB (printed once)."""
+    from .memory import SMALL_MACHINE_BYTES, memory_limit_bytes
+
+    limit = memory_limit_bytes()
+    if limit >= SMALL_MACHINE_BYTES:
+        return "full"
+    print(f"This machine gives {limit / 2**30:.1f} GiB of memory (less than "
+          f"{SMALL_MACHINE_BYTES / 2**30:.0f} GiB), so the course uses the binder profile, made to fit "
+          f"2 GB; set {PROFILE_ENV}=full to override.")
+    return "binder"

@@ -107,6 +107,38 @@ def per_token_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     G = B // P
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     prompt_mask = prompt_mask.to(completion_mask.dtype)
+    if getattr(model, "is_gradient_checkpointing", False) and model.training:
+        # activation checkpointing recomputes each layer in the backward pass, which a key/value
+        # cache cannot survive: one pass over prompt + completion per row instead
+        hidden = _hidden_without_cache(decoder, prompt_ids.repeat_interleave(G, 0),
+                                       prompt_mask.repeat_interleave(G, 0), completion_ids,
+                                       completion_mask)
+    else:
+        hidden = _hidden_with_shared_prompt(decoder, prompt_ids, prompt_mask, completion_ids,
+                                            completion_mask, G)
+    logps, entropy = _token_logps(head, hidden.reshape(B * T, -1), completion_ids.reshape(-1),
+                                  temperature, with_entropy=return_entropy,
+                                  softcap=getattr(model.config, "final_logit_softcapping", None))
+    logps = logps.view(B, T)
+    return (logps, entropy.view(B, T)) if return_entropy else logps
+
+
+def _hidden_without_cache(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """Last hidden states ``[B, T, H]`` that predict each completion token, from one forward pass
+    over ``prompt + completion[:-1]`` (the prompt's last position predicts the first token)."""
+    Lp, T = prompt_ids.shape[1], completion_ids.shape[1]
+    ids = torch.cat([prompt_ids, completion_ids[:, :-1]], 1)
+    mask = torch.cat([prompt_mask, completion_mask[:, :-1]], 1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    return out.last_hidden_state[:, Lp - 1:Lp - 1 + T]
+
+
+def _hidden_with_shared_prompt(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                               G: int):
+    """The same hidden states, with each prompt run once and its key/value cache shared by its
+    ``G`` completions."""
+    B, T = completion_ids.shape
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     # the prompt once; its last hidden state predicts the first completion token
     out = decoder(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions,
@@ -123,11 +155,7 @@ def per_token_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
         out = decoder(input_ids=completion_ids[:, :-1], attention_mask=mask[:, :-1],
                       position_ids=comp_pos, past_key_values=cache, use_cache=True)
         hidden = torch.cat([first, out.last_hidden_state], 1)               # [B, T, H]
-    logps, entropy = _token_logps(head, hidden.reshape(B * T, -1), completion_ids.reshape(-1),
-                                  temperature, with_entropy=return_entropy,
-                                  softcap=getattr(model.config, "final_logit_softcapping", None))
-    logps = logps.view(B, T)
-    return (logps, entropy.view(B, T)) if return_entropy else logps
+    return hidden
 
 
 # ---------------------------------------------------------------- 3. the loss

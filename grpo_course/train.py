@@ -143,6 +143,8 @@ class CourseTrainer:
         self.config, self.tokenizer, self.dataset = config, tokenizer, train_dataset
         torch.manual_seed(config.seed)
         self.model = add_lora(model, config) if config.use_lora else model
+        if config.gradient_checkpointing:    # only in train mode: the sampler (eval mode) keeps its cache
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.reward_funcs = reward_funcs or _default_rewards(config.reward_weights)
         missing = [n for n in config.reward_weights if n not in self.reward_funcs]
         if missing:

@@ -231,3 +231,17 @@ def test_train_cli_rejects_a_file_as_out(tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     assert main(["--profile", "smoke", "--out", str(tmp_path / "f")]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- activation checkpointing
+def test_gradient_checkpointing_takes_the_same_step():
+    """Recomputing activations in the backward pass (the binder profile's memory saver) changes
+    memory, not the update: the same rows, loss and LoRA weights after a step."""
+    plain, checkpointed = _trainer(), _trainer(gradient_checkpointing=True)
+    assert checkpointed.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
+    a, b = plain.step(), checkpointed.step()
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] > 0
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    for (name, p), q in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
+        if p.requires_grad:
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
