@@ -322,6 +322,10 @@ def test_quantize_corrupt_variant_description(tmp_path, capsys):
     ("throughput", ["--only", "bogus"], ["'bogus'"]),
     ("throughput", ["--trl-modes", "fp32,fp8"], ["--trl-modes", "fp8"]),
     ("throughput", ["--out", "{tmp}"], ["--out", "{tmp}"]),
+    ("memory", ["--profiles", "full,huge"], ["--profiles", "huge"]),
+    ("memory", ["--chapters", "09"], ["--chapters", "'09'"]),
+    ("memory", ["--interval", "0"], ["--interval", "0"]),
+    ("memory", ["--out", "{tmp}"], ["--out", "{tmp}"]),
 ])
 def test_bench_bad_options(script, args, values, tmp_path, capsys):
     fill = lambda s: s.replace("{tmp}", str(tmp_path))   # noqa: E731

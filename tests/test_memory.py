@@ -1,0 +1,87 @@
+"""Memory limits, the measured peaks and the binder profile (issue 22)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo_course import config, memory
+
+
+def test_cgroup_limit_reads_v2_and_v1_and_ignores_no_limit(tmp_path):
+    v2, v1 = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
+    v2.write_text("max\n")
+    v1.write_text("9223372036854771712\n")               # cgroup v1's "no limit"
+    assert memory.cgroup_limit_bytes((str(v2), str(v1))) is None
+    v1.write_text("2147483648\n")
+    assert memory.cgroup_limit_bytes((str(v2), str(v1))) == 2 * 2**30
+    v2.write_text("1073741824\n")
+    assert memory.cgroup_limit_bytes((str(v2), str(v1))) == 2**30
+    assert memory.cgroup_limit_bytes((str(tmp_path / "absent"),)) is None
+    assert 0 < memory.memory_limit_bytes()
+
+
+def test_tree_rss_counts_a_child_process():
+    import os
+    import subprocess
+    import sys
+
+    alone = memory.tree_rss_bytes(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        import time
+        time.sleep(0.5)
+        assert memory.tree_rss_bytes(os.getpid()) > alone
+    finally:
+        child.kill()
+        child.wait()
+    assert memory.tree_rss_bytes(child.pid) == 0          # gone: nothing, no error
+
+
+def measured(tmp_path, results):
+    path = tmp_path / "memory.json"
+    path.write_text(json.dumps({"results": results}))
+    return path
+
+
+def test_check_memory_says_whether_the_chapter_fits(tmp_path):
+    path = measured(tmp_path, {"03_grpo": {"full": {"peak_rss_mib": 3200.0},
+                                           "binder": {"peak_rss_mib": 1500.0}}})
+    fits = memory.check_memory("03_grpo", "full", path, limit_bytes=24 * 2**30)
+    assert "3.1 GiB" in fits and "fits" in fits and "WARNING" not in fits
+    warn = memory.check_memory("03_grpo", "full", path, limit_bytes=2 * 10**9)
+    assert warn.startswith("WARNING") and "GRPO_COURSE_PROFILE=binder" in warn and "1.5 GiB" in warn
+    none_fit = memory.check_memory("03_grpo", "full", path, limit_bytes=2**30)
+    assert none_fit.startswith("WARNING") and "No measured profile fits" in none_fit
+    unknown = memory.check_memory("04_trl", "full", path, limit_bytes=2**30)
+    assert "not been measured" in unknown
+    assert memory.read_measurements(tmp_path / "absent.json") == {}
+
+
+def test_small_machines_get_the_binder_profile(monkeypatch, capsys):
+    monkeypatch.delenv(config.PROFILE_ENV, raising=False)
+    config._default_profile_name.cache_clear()
+    monkeypatch.setattr(memory, "memory_limit_bytes", lambda: 2 * 10**9)
+    try:
+        assert config.get_profile().name == "binder"
+        assert config.get_profile().name == "binder"
+        said = capsys.readouterr().out
+        assert said.count("binder profile") == 1 and "1.9 GiB" in said     # said once
+        config._default_profile_name.cache_clear()
+        monkeypatch.setattr(memory, "memory_limit_bytes", lambda: 24 * 2**30)
+        assert config.get_profile().name == "full" and capsys.readouterr().out == ""
+    finally:
+        config._default_profile_name.cache_clear()
+
+
+def test_binder_profile_keeps_the_full_recipe_with_less_memory():
+    full, binder = config.get_profile("full"), config.get_profile("binder")
+    assert binder.grpo.gradient_checkpointing and not full.grpo.gradient_checkpointing
+    # the same warm start (SFT recipe) and GRPO recipe, smaller batches
+    for name in ("sft_steps", "sft_batch_size", "sft_learning_rate", "num_generations",
+                 "max_completion_length", "learning_rate", "dynamic_sampling"):
+        assert getattr(binder.grpo, name) == getattr(full.grpo, name), name
+    assert binder.grpo.per_step_completions < full.grpo.per_step_completions
+    assert binder.eval.batch_size < full.eval.batch_size and binder.trl_ddp_steps == 0
+    assert binder.grpo.per_step_completions % binder.grpo.num_generations == 0
+    assert binder.short_per_step_completions % binder.short_num_generations == 0
