@@ -24,7 +24,8 @@ help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
 	@echo "make test   - unit tests + notebooks on the smoke profile + book build (what CI runs)"
 	@echo "make publish - after make book: prepare _build/html for GitHub Pages, print the push command"
-	@echo "make bench  - throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json"
+	@echo "make bench  - throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json;"
+	@echo "              each chapter's peak memory and minutes (binder, full) -> data/memory.json"
 
 install: $(STAMP)
 
@@ -109,6 +110,8 @@ publish: install
 bench: model
 	$(BIN)/python bench/throughput.py --sweep
 	$(BIN)/python bench/levers.py
+	# every chapter in a fresh kernel: peak memory and minutes on the binder and full profiles
+	$(BIN)/python bench/memory.py --profiles binder,full
 
 clean:
 	rm -rf _build $(SMOKE_SRC)
