@@ -519,6 +519,15 @@ class CourseTrainer:
         return rows_out
 
     # ------------------------------------------------------------ persistence
+    def fork(self) -> "CourseTrainer":
+        """A deep copy that shares the frozen base weights with this trainer (they never change):
+        a second trainer for the price of its adapters and optimizer state, not of a second model.
+        Both can then train on their own (chapter 3 checks its hand-written step this way)."""
+        import copy
+
+        frozen = {id(p): p for p in self.model.parameters() if not p.requires_grad}
+        return copy.deepcopy(self, memo=frozen)
+
     def save_model(self, path) -> Path:
         """Write an evaluable adapter (base recorded as ``config.model``) or full model into
         ``path`` (other files there are kept). The folder is swapped as a whole

@@ -245,3 +245,17 @@ def test_gradient_checkpointing_takes_the_same_step():
     for (name, p), q in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
         if p.requires_grad:
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_fork_shares_frozen_weights_and_trains_on_its_own():
+    trainer = _trainer()
+    fork = trainer.fork()
+    frozen = lambda t: [p for p in t.model.parameters() if not p.requires_grad]   # noqa: E731
+    lora = lambda t: [p for p in t.model.parameters() if p.requires_grad]         # noqa: E731
+    assert all(a is b for a, b in zip(frozen(trainer), frozen(fork)))             # shared, not copied
+    assert all(a is not b and torch.equal(a, b) for a, b in zip(lora(trainer), lora(fork)))
+    before = [p.detach().clone() for p in lora(trainer)]
+    fork.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, lora(trainer)))          # the original is untouched
+    assert any(not torch.equal(a, b) for a, b in zip(before, lora(fork)))
+    assert trainer.global_step == 0 and fork.global_step == 1
