@@ -245,6 +245,18 @@ class TRLRun:
     log_history: list[dict[str, Any]] = field(repr=False)
     seconds: float = 0.0
 
+    def release(self) -> None:
+        """Let go of the finished run's model, optimizer and accelerator state (its args, state
+        and log stay), so that its memory is reclaimed before the next model loads (the binder
+        profile's 2 GB). Call it after the last use of ``trainer.model``."""
+        import gc
+
+        t = self.trainer
+        t.accelerator.free_memory()
+        t.model = t.model_wrapped = t.optimizer = t.lr_scheduler = None
+        t.callback_handler.model = t.callback_handler.optimizer = None
+        gc.collect()
+
     @property
     def steps(self) -> list[dict[str, Any]]:
         """The per-step log entries (those with a reward)."""
