@@ -57,8 +57,10 @@ class PeakSampler(threading.Thread):
         return self.peak
 
 
-def run_chapter(path: Path, profile: str, interval: float, timeout: float) -> dict:
-    """Execute one notebook in a fresh kernel on ``profile``; its peak RSS (MiB) and wall time."""
+def run_chapter(path: Path, profile: str, interval: float, timeout: float,
+                executed: Path | None = None) -> dict:
+    """Execute one notebook in a fresh kernel on ``profile``; its peak RSS (MiB) and wall time.
+    With ``executed`` the notebook with its outputs is written there as ``<stem>.<profile>.ipynb``."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -83,6 +85,9 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float) -> di
             finally:
                 peak = sampler.stop()
         wall = time.perf_counter() - start
+        if executed is not None:
+            from grpo_course.atomic import write_text_atomic
+            write_text_atomic(executed / f"{path.stem}.{profile}.ipynb", nbformat.writes(nb))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"peak_rss_mib": round(peak / 2**20, 1), "wall_s": round(wall, 1), "ok": error is None,
@@ -126,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=0.5, help="seconds between RSS samples")
     p.add_argument("--timeout", type=float, default=3600, help="seconds one cell may run")
     p.add_argument("--out", default=str(MEMORY_FILE))
+    p.add_argument("--executed", default=None, help="a folder for the executed notebooks (kept)")
     a = p.parse_args(argv)
     profiles = [x.strip() for x in a.profiles.split(",") if x.strip()]
     bad = [x for x in profiles if x not in PROFILE_NAMES]
@@ -136,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     if out.is_dir() or not out.parent.is_dir():
         p.error(f"--out {a.out!r} must name a file in an existing folder")
+    if a.executed is not None and not Path(a.executed).is_dir():
+        p.error(f"--executed {a.executed!r} is not a folder")
     try:
         paths = chapter_paths(a.chapters)
     except ValueError as exc:
@@ -145,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         for profile in profiles:
             print(f"{path.stem} on {profile} ...", file=sys.stderr, flush=True)
-            res = run_chapter(path, profile, a.interval, a.timeout)
+            res = run_chapter(path, profile, a.interval, a.timeout,
+                              Path(a.executed) if a.executed else None)
             results.setdefault(path.stem, {})[profile] = res
             print(f"  peak {res['peak_rss_mib']:.0f} MiB, {res['wall_s'] / 60:.1f} min"
                   + ("" if res["ok"] else f", FAILED: {res['error']}"), file=sys.stderr, flush=True)

@@ -326,6 +326,7 @@ def test_quantize_corrupt_variant_description(tmp_path, capsys):
     ("memory", ["--chapters", "09"], ["--chapters", "'09'"]),
     ("memory", ["--interval", "0"], ["--interval", "0"]),
     ("memory", ["--out", "{tmp}"], ["--out", "{tmp}"]),
+    ("memory", ["--executed", "{tmp}/nowhere"], ["--executed", "{tmp}/nowhere"]),
 ])
 def test_bench_bad_options(script, args, values, tmp_path, capsys):
     fill = lambda s: s.replace("{tmp}", str(tmp_path))   # noqa: E731

@@ -8,8 +8,6 @@ on. Without the file the page says that nothing was measured and the build warns
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
 from docutils import nodes
 from docutils.parsers.rst import Directive
 
@@ -34,8 +32,8 @@ class MemoryTable(Directive):
     has_content = False
 
     def run(self):
-        env = self.state.document.settings.env
-        path = Path(env.srcdir) / "data" / "memory.json"
+        from grpo_course.memory import MEMORY_FILE as path   # the checkout's data/memory.json
+
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -56,7 +54,9 @@ class MemoryTable(Directive):
         machine = data.get("machine", {})
         note = (f"Measured by bench/memory.py on {machine.get('cpu', 'an unrecorded CPU')} "
                 f"(torch {machine.get('torch', '?')}): peak resident memory of the kernel and the "
-                f"processes it starts, and wall time, each chapter in a fresh kernel.")
+                f"processes it starts (summed, so shared pages count once per process), and wall "
+                f"time, each chapter in a fresh kernel with the course cache as it was: the "
+                f"shared warm start trained before, and evaluations of identical weights reused.")
         return [_table(header, rows), nodes.paragraph(text=note)]
 
 
