@@ -79,6 +79,14 @@ def checked_rewards(name: str, values, expected: int) -> torch.Tensor:
     return rewards
 
 
+def correct_completions(per_func: dict[str, torch.Tensor]) -> int | None:
+    """How many sampled completions the ``correctness`` reward scored as exactly right (its top
+    tier), or ``None`` when the run has no ``correctness`` reward."""
+    from .rewards import EXACT_REWARD
+    scores = per_func.get("correctness")
+    return None if scores is None else int((scores >= EXACT_REWARD).sum())
+
+
 def dropped_groups_scale(loss_type: str, rows_kept: torch.Tensor,
                          completion_mask: torch.Tensor) -> float:
     """Factor that turns a loss computed on the kept rows into the loss of the whole batch
@@ -413,6 +421,8 @@ class CourseTrainer:
                "prompts_per_informative_group": n_groups / informative if informative else None,
                "completion_length": info["completion_length"],   # every sampled completion
                "clipped_ratio": info["clipped_ratio"],
+               # completions whose answer is the gold number: the only ones that can teach correctness
+               "correct_completions": correct_completions(info["per_func"]),
                "train_dtype": "bfloat16" if bf16 else "float32",
                "skipped": not learn, "step_seconds": seconds, "sampling_seconds": sampled - start,
                "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds}

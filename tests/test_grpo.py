@@ -506,3 +506,11 @@ def test_sft_checkpoint_without_the_sft_optimizer_would_differ(tmp_path, monkeyp
     resumed.sft()
     end, again = _trainable(whole), _trainable(resumed)
     assert any(not torch.equal(again[n], end[n]) for n in end)
+
+
+def test_correct_completions_counts_only_the_exact_tier():
+    from grpo_course.rewards import CLOSE_REWARD, EXACT_REWARD, WRONG_REWARD
+    from grpo_course.train import correct_completions
+    scores = torch.tensor([EXACT_REWARD, CLOSE_REWARD, WRONG_REWARD, EXACT_REWARD, -1.0])
+    assert correct_completions({"correctness": scores, "exact_format": torch.full((5,), 3.0)}) == 2
+    assert correct_completions({"exact_format": torch.full((5,), 3.0)}) is None
