@@ -354,6 +354,18 @@ class Profile:
                        num_iterations=self.short_num_iterations, **changes)
 
 
+#: GRPO steps of the full profile, sized to chapter 3's 15 minutes on 2 cores: with native bf16
+#: (AVX512-BF16 or AMX) both the sampler and the training pass run in bf16 and a step of chapter 3's
+#: recipe takes about 18 s; elsewhere both run in fp32, at about 45 s a step.
+FULL_GRPO_STEPS = {"native_bf16": 26, "fp32": 12}
+
+
+def full_grpo_steps() -> int:
+    """The full profile's GRPO steps on this machine (:data:`FULL_GRPO_STEPS`)."""
+    from .hardware import native_bf16
+    return FULL_GRPO_STEPS["native_bf16" if native_bf16() else "fp32"]
+
+
 #: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),
 #: read from the recipe that a student runs from the shell: ``recipes/grpo_levers.yaml``.
 GRPO_LEVERS: dict[str, Any] = load_recipe(RECIPES_DIR / "grpo_levers.yaml")
@@ -381,13 +393,13 @@ PROFILES: dict[str, Profile] = {
         name="full",
         # 512 held-out problems: a gain of a few points needs that many for a paired test
         eval=EvalConfig(n=512, batch_size=32, max_new_tokens=200),
-        # recipe: a LoRA SFT warm-up on GSM8K train solutions, then GRPO (see chapter 3)
-        # GRPO: G = 8, two prompts a step, the levers of chapter 3 (measured in bench/levers.py).
-        # Measured on 2 fp32 cores (held-out test, greedy): 210 SFT + 9 GRPO steps gave SFT 1.95 %
-        # -> GRPO 2.93 % (n = 512, format 78 -> 92 %) in about 12 min of training; 100 SFT + 20
-        # GRPO steps gave 0.39 % -> 0.78 % (n = 256, format 76 -> 67 %) in 18 min: the longer
-        # warm-up is the better use of a CPU's minutes.
-        grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4, max_steps=9,
+        # recipe: a LoRA SFT warm-up on GSM8K train solutions (the shared warm start, trained in
+        # chapter 2), then GRPO (chapter 3): G = 8, two prompts a step, the levers of chapter 3
+        # (measured in bench/levers.py). GRPO gets what chapter 3's 15 minutes leave after its
+        # held-out evaluation: FULL_GRPO_STEPS, more where the CPU has native bf16 (about 18 s a step
+        # there, about 45 s in fp32).
+        grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4,
+                        max_steps=full_grpo_steps(),
                         num_generations=8, per_step_completions=16, learning_rate=3e-4,
                         **GRPO_LEVERS),
         n_inspect=7473, n_demo=3, reward_prompts=8, reward_max_new_tokens=160,
