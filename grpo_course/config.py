@@ -81,6 +81,14 @@ class GRPOConfig:
         "help": "DAPO: resample until the step holds enough groups with unequal rewards."})
     max_sampling_rounds: int = field(default=4, metadata={
         "help": "Cap on dynamic sampling's rounds per step."})
+    dynamic_sampling_reward: str | None = field(default=None, metadata={
+        "help": "Dynamic sampling keeps a group when this reward function's values differ in it "
+                "(DAPO filters on accuracy: 'correctness'); none: the weighted total reward."})
+    generation_batch_size: int | None = field(default=None, metadata={
+        "help": "Completions sampled per sampling round (a multiple of G); none: "
+                "per_step_completions. With dynamic sampling, more than a step trains on: "
+                "sampling is cheaper than the training pass, so sample wide and train on the "
+                "informative groups."})
     prompt_order: str = field(default="random", metadata={
         "help": "random | easy_first (basic -> intermediate -> advanced, chapter 1's strata)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
@@ -147,12 +155,26 @@ class GRPOConfig:
         if self.prompt_order not in PROMPT_ORDERS:
             raise ConfigError(f"prompt_order must be one of {', '.join(PROMPT_ORDERS)}; "
                               f"got {self.prompt_order!r}")
+        if self.generation_batch_size is not None:
+            check_group_config(self.num_generations, self.generation_batch_size)
+            if self.generation_batch_size < self.per_step_completions:
+                raise ConfigError(f"generation_batch_size ({self.generation_batch_size}) must be at "
+                                  f"least per_step_completions ({self.per_step_completions})")
+        if self.dynamic_sampling_reward is not None and \
+                self.dynamic_sampling_reward not in self.reward_weights:
+            raise ConfigError(f"dynamic_sampling_reward {self.dynamic_sampling_reward!r} is not one "
+                              f"of the run's rewards ({', '.join(self.reward_weights)})")
         if self.report_to not in ("none", "trackio"):
             raise ConfigError(f"report_to must be none or trackio; got {self.report_to!r}")
 
     @property
     def prompts_per_step(self) -> int:
         return self.per_step_completions // self.num_generations
+
+    @property
+    def prompts_per_round(self) -> int:
+        """Prompts sampled per sampling round (``generation_batch_size / G``)."""
+        return (self.generation_batch_size or self.per_step_completions) // self.num_generations
 
 
 def check_group_config(num_generations: int, batch_completions: int) -> None:

@@ -332,7 +332,7 @@ class CourseTrainer:
         groups. Returns the training batch, its rewards, and what every sampled completion
         scored (the policy's reward, informative or not) with the sampling counts."""
         cfg, G = self.config, self.config.num_generations
-        need = len(rows["question"])
+        need = len(rows["question"]) if cfg.generation_batch_size is None else cfg.prompts_per_step
         kept, sampled_rewards, sampled_funcs, prompts_sampled, rounds = [], [], [], 0, 0
         lengths, truncated = [], []
         while True:
@@ -353,14 +353,16 @@ class CourseTrainer:
             if not cfg.dynamic_sampling:
                 kept.append((batch, rewards))
                 break
-            informative = ~zero_std_groups(rewards, G)
+            signal = rewards if cfg.dynamic_sampling_reward is None else \
+                per_func[cfg.dynamic_sampling_reward]
+            informative = ~zero_std_groups(signal, G)
             room = need - sum(len(r) // G for _, r in kept)
             take = informative & (informative.cumsum(0) <= room)
             if take.any():
                 kept.append((batch.select_groups(take), rewards[take.repeat_interleave(G)]))
             if room - int(take.sum()) == 0 or rounds == cfg.max_sampling_rounds:
                 break
-            rows = self._next_rows(need)
+            rows = self._next_rows(cfg.prompts_per_round)
         if not kept:               # dynamic sampling found no informative group: train on none
             kept.append((batch.select_groups(torch.zeros(need, dtype=torch.bool)), rewards[:0]))
         all_rewards = torch.cat(sampled_rewards)
@@ -382,7 +384,9 @@ class CourseTrainer:
         ``answer``, ...) are the step's prompts; by default the next ones in ``prompt_order``."""
         cfg, G = self.config, self.config.num_generations
         start = time.perf_counter()
-        rows = self._next_rows(cfg.prompts_per_step) if rows is None else rows
+        if rows is None:
+            rows = self._next_rows(cfg.prompts_per_round if cfg.dynamic_sampling
+                                   else cfg.prompts_per_step)
         batch, rewards, info = self.generate_and_score(rows)
         sampled = time.perf_counter()
         advantages = group_advantages(rewards, G, cfg.scale_rewards)

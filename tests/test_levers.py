@@ -59,6 +59,49 @@ def test_dynamic_sampling_stops_at_its_round_cap():
     assert row["prompts_per_informative_group"] is None
 
 
+def test_dynamic_sampling_filters_on_the_named_reward():
+    # "length" differs in every group; "odd" ties for the even answers (4, 10). Filtering on the
+    # total reward keeps the first two prompts; filtering on "odd" (DAPO's accuracy filter) sets
+    # the even-answer prompt aside and samples the next one.
+    rows = [{**r, "answer": a} for r, a in zip(ROWS, ["4", "3", "10", "7", "11", "15"])]
+    funcs = {"length": length_reward, "odd": tie_unless_odd}
+    base = dict(num_generations=2, per_step_completions=4, max_completion_length=6, max_steps=2,
+                learning_rate=1e-2, reward_weights={"length": 1.0, "odd": 1.0},
+                sampling_dtype="float32", train_dtype="float32", dynamic_sampling=True,
+                max_sampling_rounds=4, **LORA)
+
+    def step(**changes):
+        trainer = CourseTrainer(tiny_model(), tiny_tokenizer(), GRPOConfig(**base, **changes),
+                                datasets.Dataset.from_list(rows), reward_funcs=funcs)
+        return trainer, trainer.step()
+
+    _, total = step()
+    assert total["sampling_rounds"] == 1 and total["prompts_sampled"] == 2
+    trainer, by_odd = step(dynamic_sampling_reward="odd")
+    assert by_odd["sampling_rounds"] == 2 and by_odd["prompts_sampled"] == 4
+    assert by_odd["informative_groups"] == 2 and trainer.prompts_used == 4
+
+
+def test_generation_batch_size_samples_wide_and_trains_on_a_step():
+    rows = [{**r, "answer": a} for r, a in zip(ROWS, ["4", "3", "10", "7", "11", "15"])]
+    trainer = _trainer(rows, tie_unless_odd, dynamic_sampling=True, max_sampling_rounds=2,
+                       generation_batch_size=8)           # 4 prompts a round, 2 trained
+    row = trainer.step()
+    assert row["sampling_rounds"] == 1 and row["prompts_sampled"] == 4
+    assert row["informative_groups"] == 2 and trainer.prompts_used == 4
+    assert row["frac_reward_zero_std"] == pytest.approx(0.5)     # "4" and "10" tie
+
+
+@pytest.mark.parametrize("changes, words", [
+    (dict(generation_batch_size=6), "divisible"),
+    (dict(per_step_completions=8, generation_batch_size=4), "at least per_step_completions"),
+    (dict(dynamic_sampling_reward="accuracy"), "not one of the run's rewards"),
+])
+def test_wide_sampling_options_are_checked(changes, words):
+    with pytest.raises(ConfigError, match=words):
+        GRPOConfig(**{"num_generations": 4, "per_step_completions": 4, **changes})
+
+
 def test_concatenated_batches_score_as_their_parts():
     model, tok = tiny_model(), tiny_tokenizer()
     a = sample_completions(model, tok, ["abc", "hello there"], 2, 5, seed=0)
