@@ -25,6 +25,7 @@ help:
 	@echo "make test   - unit tests + notebooks on the smoke profile + book build (what CI runs)"
 	@echo "make publish - after make book: prepare _build/html for GitHub Pages, print the push command"
 	@echo "make bench  - throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json;"
+	@echo "              what whole GRPO recipes teach on held-out problems -> data/recipes.json;"
 	@echo "              each chapter's peak memory and minutes (binder, full) -> data/memory.json"
 
 install: $(STAMP)
@@ -110,6 +111,8 @@ publish: install
 bench: model
 	$(BIN)/python bench/throughput.py --sweep
 	$(BIN)/python bench/levers.py
+	# whole recipes, the same minutes each, on held-out test rows 512-1023 (chapter 3 tests rows 0-511)
+	$(BIN)/python bench/recipes.py
 	# every chapter in a fresh kernel: peak memory and minutes on the binder and full profiles
 	$(BIN)/python bench/memory.py --profiles binder,full
 

@@ -153,7 +153,15 @@ class CourseTrainer:
         self.model = add_lora(model, config) if config.use_lora else model
         if config.gradient_checkpointing:    # only in train mode: the sampler (eval mode) keeps its cache
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.reward_funcs = reward_funcs or _default_rewards(config.reward_weights)
+        self.reward_funcs = dict(reward_funcs or _default_rewards(config.reward_weights))
+        name = config.dynamic_sampling_reward
+        if name is not None and name not in self.reward_funcs:   # scored for the filter, weight 0
+            from .rewards import REWARD_FUNCTIONS
+            if name not in REWARD_FUNCTIONS:
+                raise ConfigError(f"dynamic_sampling_reward {name!r} is neither one of the run's "
+                                  f"rewards ({', '.join(self.reward_funcs)}) nor a course reward "
+                                  f"({', '.join(REWARD_FUNCTIONS)}); or none")
+            self.reward_funcs[name] = REWARD_FUNCTIONS[name]
         missing = [n for n in config.reward_weights if n not in self.reward_funcs]
         if missing:
             raise ConfigError(f"reward_weights names {missing}, absent from reward_funcs")
@@ -364,7 +372,8 @@ class CourseTrainer:
                 break
             rows = self._next_rows(cfg.prompts_per_round)
         if not kept:               # dynamic sampling found no informative group: train on none
-            kept.append((batch.select_groups(torch.zeros(need, dtype=torch.bool)), rewards[:0]))
+            none = torch.zeros(len(rewards) // G, dtype=torch.bool)
+            kept.append((batch.select_groups(none), rewards[:0]))
         all_rewards = torch.cat(sampled_rewards)
         info = {"rewards": all_rewards,
                 "per_func": {n: torch.cat([f[n] for f in sampled_funcs]) for n in sampled_funcs[0]},

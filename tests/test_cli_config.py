@@ -142,8 +142,11 @@ def test_defaults_and_validation_unchanged():
 # ---------------------------------------------------------------- the recipes in the repository
 def test_levers_come_from_their_recipe():
     assert C.GRPO_LEVERS == load_recipe(C.RECIPES_DIR / "grpo_levers.yaml")
-    for profile in C.PROFILES.values():
-        assert all(getattr(profile.grpo, k) == v for k, v in C.GRPO_LEVERS.items())
+    for profile in C.PROFILES.values():        # the sampling round's width is each profile's size
+        assert all(getattr(profile.grpo, k) == v for k, v in C.GRPO_LEVERS.items()
+                   if k != "generation_batch_size")
+        assert profile.grpo.generation_batch_size >= profile.grpo.per_step_completions
+    assert C.PROFILES["full"].grpo.generation_batch_size == C.GRPO_LEVERS["generation_batch_size"]
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in C.RECIPES_DIR.glob("*.yaml")))

@@ -82,6 +82,30 @@ def test_dynamic_sampling_filters_on_the_named_reward():
     assert by_odd["informative_groups"] == 2 and trainer.prompts_used == 4
 
 
+def test_an_unknown_filter_reward_is_one_clear_error():
+    with pytest.raises(ConfigError, match="neither one of the run's rewards"):
+        _trainer(dynamic_sampling=True, dynamic_sampling_reward="accuracy")
+
+
+def test_a_wide_round_with_no_informative_group_trains_on_nothing():
+    always_tied = lambda completions, **kw: [1.0] * len(completions)     # noqa: E731
+    trainer = _trainer(reward=always_tied, dynamic_sampling=True, max_sampling_rounds=2,
+                       generation_batch_size=8)
+    row = trainer.step()
+    assert row["prompts_sampled"] == 8 and row["informative_groups"] == 0 and row["skipped"]
+
+
+def test_the_filter_reward_is_scored_even_with_no_weight():
+    cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=6,
+                     reward_weights={"correctness": 1.0}, dynamic_sampling=True,
+                     dynamic_sampling_reward="intermediate_results", sampling_dtype="float32",
+                     train_dtype="float32", **LORA)
+    trainer = CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, datasets.Dataset.from_list(ROWS))
+    assert list(trainer.reward_funcs) == ["correctness", "intermediate_results"]
+    row = trainer.step()
+    assert "rewards/intermediate_results" in row          # logged, weighed 0 in the reward
+
+
 def test_generation_batch_size_samples_wide_and_trains_on_a_step():
     rows = [{**r, "answer": a} for r, a in zip(ROWS, ["4", "3", "10", "7", "11", "15"])]
     trainer = _trainer(rows, tie_unless_odd, dynamic_sampling=True, max_sampling_rounds=2,
@@ -95,7 +119,6 @@ def test_generation_batch_size_samples_wide_and_trains_on_a_step():
 @pytest.mark.parametrize("changes, words", [
     (dict(generation_batch_size=6), "divisible"),
     (dict(per_step_completions=8, generation_batch_size=4), "at least per_step_completions"),
-    (dict(dynamic_sampling_reward="accuracy"), "not one of the run's rewards"),
 ])
 def test_wide_sampling_options_are_checked(changes, words):
     with pytest.raises(ConfigError, match=words):

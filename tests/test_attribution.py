@@ -1,0 +1,97 @@
+"""What a phase changed beyond the final answer: step F1, arithmetic, chance, paired tests."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from grpo_course.attribution import (arithmetic_check, chance_baseline, chance_candidates, earned,
+                                     equation_is_right, evaluate_expression, paired_difference,
+                                     phase_changes, solved_overlap)
+from grpo_course.evaluate import EvalResult
+
+ROWS = [
+    {"idx": 0, "question": "Tom has 12 apples and buys 30 more. How many apples does he have?",
+     "solution": "12+30=<<12+30=42>>42\n#### 42", "answer": "42"},
+    {"idx": 1, "question": "A box holds 6 pens. How many pens are in 4 boxes and 3 loose pens?",
+     "solution": "6*4=<<6*4=24>>24\n24+3=<<24+3=27>>27\n#### 27", "answer": "27"},
+    {"idx": 2, "question": "Ann reads 15 pages a day for 2 weeks of 7 days. How many pages?",
+     "solution": "2*7=<<2*7=14>>14 days\n15*14=<<15*14=210>>210\n#### 210", "answer": "210"},
+]
+
+
+def _result(completions, golds=("42", "27", "210")):
+    from grpo_course.answers import answers_match, extract_hash_answer
+    records = []
+    for i, (text, gold) in enumerate(zip(completions, golds)):
+        guess = extract_hash_answer(text)
+        records.append({"idx": i, "completion": text, "correct": answers_match(guess, gold),
+                        "formatted": guess is not None})
+    return EvalResult.from_records(records)
+
+
+def test_expressions_follow_operator_precedence_exactly():
+    assert evaluate_expression("48/2 + 3 x 2") == 30
+    assert evaluate_expression("10 - 4 - 3") == 3
+    assert evaluate_expression("$1,200 * 15%") == 180
+    assert evaluate_expression("7 / 3") == Fraction(7, 3)
+    assert evaluate_expression("5 / 0") is None
+
+
+@pytest.mark.parametrize("expression, result, right", [
+    ("16/3", "5.33", True), ("16/3", "5", False), ("16/2", "8", True), ("16/2", "8.0", True),
+    ("50,000 - 80,000", "30,000", False), ("2.5 * 4", "10", True), ("1/3", "0.3", True),
+])
+def test_an_equation_is_right_when_exact_or_rounded_as_written(expression, result, right):
+    assert equation_is_right(expression, result) is right
+
+
+def test_arithmetic_check_counts_right_and_wrong_equations():
+    text = ("She has 16/2 = 8 eggs.\nShe sells 8*2 = 18 of them.\nThe total is $3 + $4 = $7.\n"
+            "No equation here, and x = 5 is not one.\n#### 7")
+    assert arithmetic_check(text) == (2, 1)
+    assert arithmetic_check("") == (0, 0)
+
+
+def test_chance_candidates_are_one_operation_from_the_question():
+    found = chance_candidates("Tom has 12 apples and buys 30 more.")
+    assert {12, 30, 42, 18, -18, 360, Fraction(2, 5), Fraction(5, 2)} == found
+    base = chance_baseline(ROWS)
+    # 42 = 12 + 30 is one step away; 27 and 210 need two steps
+    assert base["n"] == 3 and base["one_step_reachable"] == pytest.approx(1 / 3)
+    assert base["uniform_guess_accuracy"] == pytest.approx(1 / 3 / len(found))
+
+
+def test_earned_needs_a_correct_answer_and_only_right_equations():
+    lucky = {"completion": "12*30 = 40\n#### 42", "correct": True}
+    computed = {"completion": "12+30 = 42\n#### 42", "correct": True}
+    bare = {"completion": "#### 42", "correct": True}
+    assert not earned(lucky) and earned(computed) and not earned(bare)
+
+
+def test_paired_difference_has_an_interval_and_a_p_value():
+    same = paired_difference([0.1, 0.2, 0.3], [0.1, 0.2, 0.3])
+    assert same["difference"] == 0 and same["p_value"] == 1.0
+    up = paired_difference([0.0] * 50 + [0.5] * 50, [0.2] * 50 + [0.6] * 50)
+    assert up["difference"] == pytest.approx(0.15) and up["lo"] < 0.15 < up["hi"]
+    assert up["p_value"] < 1e-6
+    with pytest.raises(ValueError):
+        paired_difference([1.0], [1.0, 2.0])
+
+
+def test_phase_changes_pairs_every_measure():
+    before = _result(["12*30 = 42\n#### 42", "I do not know", "15*2 = 30\n#### 30"])
+    after = _result(["12+30 = 42\n#### 42", "6*4 = 24\n#### 24", "2*7 = 14\n15*14 = 210\n#### 210"])
+    out = phase_changes(before, after, ROWS)
+    assert out["accuracy"]["b_only"] == 1 and out["accuracy"]["a_only"] == 0
+    assert out["format"]["b_only"] == 1
+    # before: only 42 reaches a gold step; after: every problem does
+    assert out["reached_step"]["b_only"] == 2 and out["a"]["reached_step"] == pytest.approx(1 / 3)
+    assert out["step_f1"]["difference"] > 0
+    assert out["a"]["right_equation_share"] == pytest.approx(1 / 2)
+    assert out["b"]["right_equation_share"] == 1.0 and out["b"]["earned"] == 2
+    assert out["a"]["earned"] == 0
+    assert out["overlap"] == solved_overlap(before, after)
+    assert out["overlap"]["both"] == 1 and out["overlap"]["expected_if_unrelated"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="same problems"):
+        phase_changes(before, _result(["#### 1", "#### 2"], golds=("1", "2")), ROWS)
