@@ -36,6 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -105,7 +106,10 @@ def add_lora(model, config: GRPOConfig):
     lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
                       lora_dropout=config.lora_dropout,
                       target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
-    return get_peft_model(model, lora)
+    with warnings.catch_warnings():     # peft 0.21 still asks transformers 5 by the old name
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*",
+                                category=FutureWarning)
+        return get_peft_model(model, lora)
 
 
 @contextlib.contextmanager
@@ -152,7 +156,12 @@ class CourseTrainer:
         torch.manual_seed(config.seed)
         self.model = add_lora(model, config) if config.use_lora else model
         if config.gradient_checkpointing:    # only in train mode: the sampler (eval mode) keeps its cache
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(self.model, "activation_checkpointing_enable"):     # transformers 5's name
+                self.model.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False})
         self.reward_funcs = dict(reward_funcs or _default_rewards(config.reward_weights))
         name = config.dynamic_sampling_reward
         if name is not None and name not in self.reward_funcs:   # scored for the filter, weight 0

@@ -304,7 +304,7 @@ def test_gradient_checkpointing_takes_the_same_step():
     """Recomputing activations in the backward pass (the binder profile's memory saver) changes
     memory, not the update: the same rows, loss and LoRA weights after a step."""
     plain, checkpointed = _trainer(), _trainer(gradient_checkpointing=True)
-    assert checkpointed.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
+    assert checkpointed.model.is_activation_checkpointing and not plain.model.is_activation_checkpointing
     a, b = plain.step(), checkpointed.step()
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] > 0
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
