@@ -341,7 +341,7 @@ class Profile:
     prof_lever_lengths: tuple[int, ...] = (32, 64, 128)
     prof_nocache_tokens: int = 32                     # budget of the KV-cache lever
     # chapter 4 (TRL GRPOTrainer); the rest of the run uses ``grpo`` and ``eval``
-    trl_max_steps: int = 8                            # GRPOTrainer optimizer steps (smoke: 1)
+    trl_max_steps: int = 16                           # optimizer steps of each trainer (smoke: 1)
     trl_eval_n: int = 128                             # held-out problems per model (the warm start's are
                                                       # reused from chapter 3's cached evaluation)
     trl_ddp_steps: int = 1                            # steps of the 2-process TRL run (0: skipped)
@@ -377,8 +377,8 @@ class Profile:
 
 #: GRPO steps of the full profile, sized to chapter 3's 15 minutes on 2 cores: with native bf16
 #: (AVX512-BF16 or AMX) both the sampler and the training pass run in bf16 and a step of chapter 3's
-#: recipe (up to 2 rounds of 64 sampled completions, 32 trained) took 23 s on a 2-core AVX512-BF16
-#: EPYC; elsewhere both run in fp32, at about twice that.
+#: recipe (up to 2 rounds of 64 sampled completions, 32 trained) took 21 s on average on a 2-core
+#: AVX512-BF16 EPYC (24 steps in 8.3 min); elsewhere both run in fp32, at about twice that.
 FULL_GRPO_STEPS = {"native_bf16": 24, "fp32": 10}
 
 
