@@ -344,7 +344,8 @@ class CourseTrainer:
 
     def generate_and_score(self, rows: dict[str, list]):
         """Sample G completions per prompt of ``rows`` and score them. With ``dynamic_sampling``
-        (DAPO) groups whose rewards all tie are set aside and further prompts are sampled, up to
+        (DAPO) groups whose rewards all tie (judged on ``dynamic_sampling_reward`` when it names
+        one) are set aside and further prompts are sampled, ``prompts_per_round`` at a time, up to
         ``max_sampling_rounds`` rounds, until the step holds ``prompts_per_step`` informative
         groups. Returns the training batch, its rewards, and what every sampled completion
         scored (the policy's reward, informative or not) with the sampling counts."""
