@@ -23,7 +23,7 @@ PROFILE_ENV = "GRPO_COURSE_PROFILE"
 PROFILE_NAMES = ("smoke", "full", "binder")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 SAMPLING_DTYPES = ("auto", "float32", "bfloat16")   # GRPOConfig.sampling_dtype (see sampling)
-PROMPT_ORDERS = ("random", "easy_first")            # GRPOConfig.prompt_order
+PROMPT_ORDERS = ("random", "easy_first", "sequential")   # GRPOConfig.prompt_order
 
 
 class ConfigError(CourseError, ValueError):
@@ -91,7 +91,8 @@ class GRPOConfig:
                 "sampling is cheaper than the training pass, so sample wide and train on the "
                 "informative groups."})
     prompt_order: str = field(default="random", metadata={
-        "help": "random | easy_first (basic -> intermediate -> advanced, chapter 1's strata)."})
+        "help": "random | easy_first (basic -> intermediate -> advanced, chapter 1's strata) | "
+                "sequential (the data set's own order: TRL's shuffle_dataset=False)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling: keep this much probability mass."})
     sampling_dtype: str = field(default="auto", metadata={

@@ -343,6 +343,36 @@ def pass_at_k(model, tokenizer, dataset, k: int, max_new_tokens: int, temperatur
             "ci95": wilson_interval(hits, len(solved)), "solved": solved}
 
 
+def sampled_rewards(model, tokenizer, dataset, k: int, max_new_tokens: int,
+                    reward_weights: dict[str, float], temperature: float = 1.0, seed: int = 0,
+                    batch_prompts: int = 4, sampling_dtype: str | None = "auto",
+                    reward_funcs: dict | None = None, progress: bool = True) -> dict[str, Any]:
+    """The policy's weighted training reward on fixed prompts: ``k`` samples per problem of
+    ``dataset``, scored with ``reward_weights`` (the course's rewards, or ``reward_funcs``), and
+    each problem's mean. Two models scored on the same problems give a paired test of whether
+    training moved the reward, free of which prompts a training step happened to draw."""
+    from tqdm.auto import tqdm
+
+    from .rewards import REWARD_FUNCTIONS
+    from .sampling import sample_completions
+    from .train import score_completions
+
+    funcs = reward_funcs or {n: REWARD_FUNCTIONS[n] for n in reward_weights}
+    rows = list(dataset)
+    per_prompt: list[float] = []
+    for lo in tqdm(range(0, len(rows), batch_prompts), desc=f"reward of {k} samples",
+                   disable=not progress):
+        chunk = rows[lo:lo + batch_prompts]
+        batch = sample_completions(model, tokenizer, [chat_prompt(r["question"], tokenizer)
+                                                      for r in chunk], k, max_new_tokens,
+                                   temperature, seed=seed + lo, sampling_dtype=sampling_dtype)
+        columns = {c: [r[c] for r in chunk] for c in chunk[0]}
+        weighted, _ = score_completions(batch.completions, columns, funcs, reward_weights, k)
+        per_prompt += weighted.view(len(chunk), k).mean(1).tolist()
+    return {"n": len(per_prompt), "k": k, "per_prompt": per_prompt,
+            "mean": sum(per_prompt) / len(per_prompt) if per_prompt else float("nan")}
+
+
 def write_csv(result: EvalResult, path: str) -> None:
     """Per-problem records as CSV (written atomically)."""
     keys = list(result.records[0]) if result.records else ["idx"]

@@ -80,6 +80,18 @@ def checked_rewards(name: str, values, expected: int) -> torch.Tensor:
     return rewards
 
 
+def score_completions(completions: list, rows: dict[str, list], reward_funcs: dict[str, Callable],
+                      weights: dict[str, float], G: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weighted reward [B] and each function's rewards of ``completions`` (G per prompt of
+    ``rows``); every column but ``question`` reaches the rewards as a keyword list, repeated G
+    times (as in TRL). A function left out of ``weights`` is scored with weight 0."""
+    columns = {k: [v for v in values for _ in range(G)] for k, values in rows.items()
+               if k != "question"}
+    per_func = {n: checked_rewards(n, fn(completions, **columns), len(completions))
+                for n, fn in reward_funcs.items()}
+    return sum(weights.get(n, 0.0) * r for n, r in per_func.items()), per_func
+
+
 def correct_completions(per_func: dict[str, torch.Tensor]) -> int | None:
     """How many sampled completions the ``correctness`` reward scored as exactly right (its top
     tier), or ``None`` when the run has no ``correctness`` reward."""
@@ -211,9 +223,13 @@ class CourseTrainer:
         """GRPO's prompt order: the shuffled rows, or (``easy_first``) the same shuffle sorted
         by difficulty stratum, basic first (a stable sort keeps the shuffle within a stratum).
         GRPO draws from the front of the order and the SFT warm-up from the back of the
-        shuffle, so the two see different problems."""
+        shuffle, so the two see different problems. ``sequential`` keeps the data set's own
+        order, as TRL does with ``shuffle_dataset=False``: the two trainers then draw the same
+        prompts step by step (chapter 4)."""
         if self.config.prompt_order == "random":
             return self.order
+        if self.config.prompt_order == "sequential":
+            return list(range(len(self.dataset)))
         from .data import STRATA
         column = self.dataset["difficulty"] if hasattr(self.dataset, "column_names") else \
             [r["difficulty"] for r in self.dataset]
@@ -330,12 +346,8 @@ class CourseTrainer:
     def _score(self, batch, rows: dict[str, list]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Weighted reward [B] and each function's rewards of a sampled batch; every dataset
         column reaches the rewards as a keyword list, repeated G times (as in TRL)."""
-        G, weights = self.config.num_generations, self.config.reward_weights
-        columns = {k: [v for v in values for _ in range(G)] for k, values in rows.items()
-                   if k != "question"}
-        per_func = {n: checked_rewards(n, fn(batch.completions, **columns), len(batch.completions))
-                    for n, fn in self.reward_funcs.items()}
-        return sum(weights.get(n, 0.0) * r for n, r in per_func.items()), per_func
+        return score_completions(batch.completions, rows, self.reward_funcs,
+                                 self.config.reward_weights, self.config.num_generations)
 
     def sampling_seed(self, round_: int = 0) -> int:
         """The sampler's seed for this step's ``round_``-th sampling round (a function of the

@@ -13,9 +13,11 @@ objects so the two can be compared on the same prompts and rewards:
   data-parallel under ``accelerate launch`` (``configs/accelerate/``: 2 CPU processes, 8 GPUs,
   ZeRO-2), with TRL's batch rule checked before anything starts (:func:`per_device_batch`).
 
-Not translated (the course trainer's own levers, chapter 3): ``dynamic_sampling`` and
-``prompt_order`` have no TRL field, and TRL runs ``num_iterations=1`` here because TRL counts
-each reuse of a batch as an optimizer step of its own.
+``prompt_order`` maps to ``shuffle_dataset``: ``sequential`` (the data set's order) is
+``shuffle_dataset=False``, so both trainers draw the same prompts step by step; ``random`` and
+``easy_first`` shuffle (TRL has no difficulty order). Not translated (the course trainer's own
+lever, chapter 3): ``dynamic_sampling`` has no TRL field, and TRL runs ``num_iterations=1`` here
+because TRL counts each reuse of a batch as an optimizer step of its own.
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ COURSE_TO_TRL: dict[str, str] = {
     "log_every": "logging_steps",
     "report_to": "report_to",
     "gradient_checkpointing": "gradient_checkpointing",
+    "prompt_order": "shuffle_dataset",                  # sequential -> False
 }
 #: Fields the bridge always sets, whatever the course config says.
 FIXED_TRL_FIELDS: dict[str, Any] = {
@@ -134,6 +137,8 @@ def grpo_config_from_course(cfg: GRPOConfig, output_dir: str | os.PathLike,
         learning_rate=cfg.learning_rate, max_steps=cfg.max_steps, warmup_steps=0,
         max_grad_norm=cfg.max_grad_norm, weight_decay=cfg.weight_decay,
         seed=cfg.seed, data_seed=cfg.seed,
+        # the data set's own order (the course's prompt_order="sequential") or a seeded shuffle
+        shuffle_dataset=cfg.prompt_order != "sequential",
         # logging: every step, quietly; to trackio too with report_to="trackio"
         logging_steps=max(1, cfg.log_every), disable_tqdm=True, log_completions=False,
         **trackio_fields(cfg),
@@ -181,6 +186,8 @@ DEFAULT_CHANGES: dict[str, str] = {
     "num_generations": "the course config's G",
     "learning_rate": "LoRA takes a larger step than TRL's full-model default",
     "use_bias_correction_kl": "the course's k3 KL, without TRL's ratio weighting",
+    "shuffle_dataset": "the course config's prompt_order: sequential (chapter 4) gives TRL and the "
+                       "course trainer the same prompts at every step",
 }
 
 

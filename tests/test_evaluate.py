@@ -227,3 +227,62 @@ def test_eval_blocks_make_a_prefix_reuse_the_cache_of_a_longer_run(gsm8k_dir, tm
     assert prefix.cached and prefix.records == longer.records[:2]
     assert run(rows, cache=False).records == longer.records                  # same with or without
     assert [r["idx"] for r in longer.records] == list(rows["idx"])
+
+
+# ---------------------------------------------------------------- sampled rewards, pass@k
+def _tiny_rows():
+    return [{"question": "What is 2 + 2?", "answer": "4", "solution": "2+2=<<2+2=4>>4\n#### 4"},
+            {"question": "What is 3 * 5?", "answer": "15", "solution": "3*5=<<3*5=15>>15\n#### 15"},
+            {"question": "How many legs have 2 cats?", "answer": "8",
+             "solution": "2*4=<<2*4=8>>8\n#### 8"}]
+
+
+def test_sampled_rewards_are_each_problems_mean_of_k_weighted_samples():
+    from grpo_course.evaluate import sampled_rewards
+    from grpo_course.sampling import sample_completions
+    from grpo_course.data import chat_prompt
+    from tests.test_sampling import tiny_model, tiny_tokenizer
+
+    model, tok, rows = tiny_model(), tiny_tokenizer(), _tiny_rows()
+    seen = []
+
+    def length(completions, answer, **kw):       # reads a column, as the course's rewards do
+        seen.append(list(answer))
+        return [float(len(c)) for c in completions]
+
+    res = sampled_rewards(model, tok, rows, k=3, max_new_tokens=5, reward_weights={"length": 0.5},
+                          reward_funcs={"length": length}, batch_prompts=2, seed=7,
+                          sampling_dtype=None, progress=False)
+    assert (res["n"], res["k"]) == (3, 3) and len(res["per_prompt"]) == 3
+    assert seen[0] == ["4"] * 3 + ["15"] * 3 and seen[1] == ["8"] * 3   # G copies of each gold
+    # the same draws by hand: first block of 2 prompts with seed 7, then 1 prompt with seed 9
+    by_hand = []
+    for lo, seed in ((0, 7), (2, 9)):
+        chunk = rows[lo:lo + 2]
+        batch = sample_completions(model, tok, [chat_prompt(r["question"], tok) for r in chunk],
+                                   3, 5, 1.0, seed=seed)
+        lens = torch.tensor([float(len(c)) for c in batch.completions]).view(len(chunk), 3)
+        by_hand += (0.5 * lens).mean(1).tolist()
+    assert res["per_prompt"] == pytest.approx(by_hand)
+    assert res["mean"] == pytest.approx(sum(by_hand) / 3)
+    again = sampled_rewards(model, tok, rows, k=3, max_new_tokens=5, reward_weights={"length": 0.5},
+                            reward_funcs={"length": length}, batch_prompts=2, seed=7,
+                            sampling_dtype=None, progress=False)
+    assert again["per_prompt"] == res["per_prompt"]                  # seeded: reproducible
+
+
+def test_sampled_rewards_with_the_course_rewards_and_pass_at_k():
+    from grpo_course.evaluate import pass_at_k, sampled_rewards
+    from tests.test_sampling import tiny_model, tiny_tokenizer
+
+    model, tok, rows = tiny_model(), tiny_tokenizer(), _tiny_rows()
+    res = sampled_rewards(model, tok, rows, k=2, max_new_tokens=4,
+                          reward_weights={"correctness": 1.0, "exact_format": 0.5},
+                          sampling_dtype=None, progress=False)
+    # a random tiny model never writes "#### <gold>": wrong and unformatted on every sample
+    from grpo_course.rewards import correctness, exact_format
+    floor = correctness(["x"], answer=["4"])[0] + 0.5 * exact_format(["x"])[0]
+    assert res["per_prompt"] == pytest.approx([floor] * 3)
+    hit = pass_at_k(model, tok, rows, k=2, max_new_tokens=4, sampling_dtype=None, progress=False)
+    assert (hit["n"], hit["k"], hit["pass_at_k"], hit["solved"]) == (3, 2, 0.0, [False] * 3)
+    assert hit["ci95"] == wilson_interval(0, 3)

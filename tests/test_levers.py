@@ -151,6 +151,13 @@ def test_easy_first_prompt_order_and_cursor():
         GRPOConfig(prompt_order="hardest")
 
 
+def test_sequential_prompt_order_is_the_data_sets_order():
+    trainer = _trainer(prompt_order="sequential")
+    assert trainer.prompt_order == list(range(len(ROWS)))
+    assert trainer._next_rows(2)["question"] == [r["question"] for r in ROWS[:2]]
+    assert trainer._next_rows(2)["question"] == [r["question"] for r in ROWS[2:4]]
+
+
 # ---------------------------------------------------------------- num_iterations
 def test_num_iterations_reuses_the_batch_and_the_ratio_leaves_one():
     one = _trainer(learning_rate=5e-2)
