@@ -7,7 +7,8 @@ Each (chapter, profile) pair runs its notebook top to bottom in a new Jupyter ke
 ``GRPO_COURSE_PROFILE=<profile>`` (a copy of the notebook in a temporary folder; ``notebooks/``
 is never written). While it runs, the resident memory of the kernel and every process it starts
 (TRL's launcher and its ranks, pytest) is summed every ``--interval`` seconds; the peak of that sum
-is the chapter's ``peak_rss_mib``. The results are merged into ``--out`` (default
+is the chapter's ``peak_rss_mib``; ``top_cells`` names the three code cells (by id) with the highest
+peaks, where to look when a chapter is over its limit. The results are merged into ``--out`` (default
 ``data/memory.json``, written atomically after every pair, so an interrupted run keeps what it
 measured and the notebooks' :func:`grpo_course.memory.check_memory` reads it). One JSON line
 with every measured pair, the limit of the ``binder`` profile (1.8 GiB per chapter) and the
@@ -43,13 +44,20 @@ class PeakSampler(threading.Thread):
 
     def __init__(self, pid: int, interval: float):
         super().__init__(daemon=True)
-        self.pid, self.interval, self.peak = pid, interval, 0
+        self.pid, self.interval, self.peak, self.window_peak = pid, interval, 0, 0
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            self.peak = max(self.peak, tree_rss_bytes(self.pid))
+            rss = tree_rss_bytes(self.pid)
+            self.peak, self.window_peak = max(self.peak, rss), max(self.window_peak, rss)
             self._stop_event.wait(self.interval)
+
+    def take_window(self) -> int:
+        """The peak since the last call (one cell's peak when called after every cell)."""
+        rss = tree_rss_bytes(self.pid)
+        self.peak, peak, self.window_peak = max(self.peak, rss), max(self.window_peak, rss), 0
+        return peak
 
     def stop(self) -> int:
         self._stop_event.set()
@@ -73,13 +81,16 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float,
         env = {**os.environ, "GRPO_COURSE_PROFILE": profile}
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                 resources={"metadata": {"path": str(work / "notebooks")}})
-        start, error = time.perf_counter(), None
+        start, error, cells = time.perf_counter(), None, []
         with client.setup_kernel(env=env, cwd=str(work / "notebooks")):
             sampler = PeakSampler(client.km.provisioner.pid, interval)
             sampler.start()
             try:
                 for index, cell in enumerate(nb.cells):
+                    sampler.take_window()
                     client.execute_cell(cell, index)
+                    if cell.cell_type == "code":
+                        cells.append((sampler.take_window(), cell.get("id", str(index))))
             except CellExecutionError as exc:
                 error = " ".join(str(exc).split())[-300:]
             finally:
@@ -90,7 +101,9 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float,
             write_text_atomic(executed / f"{path.stem}.{profile}.ipynb", nbformat.writes(nb))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    top = [{"cell": cid, "peak_rss_mib": round(b / 2**20, 1)} for b, cid in sorted(cells, reverse=True)[:3]]
     return {"peak_rss_mib": round(peak / 2**20, 1), "wall_s": round(wall, 1), "ok": error is None,
+            "top_cells": top,
             **({"error": error} if error else {}), "date": time.strftime("%Y-%m-%d %H:%M"),
             "commit": git_commit()}
 
