@@ -7,8 +7,9 @@ Each (chapter, profile) pair runs its notebook top to bottom in a new Jupyter ke
 ``GRPO_COURSE_PROFILE=<profile>`` (a copy of the notebook in a temporary folder; ``notebooks/``
 is never written). While it runs, the resident memory of the kernel and every process it starts
 (TRL's launcher and its ranks, pytest) is summed every ``--interval`` seconds; the peak of that sum
-is the chapter's ``peak_rss_mib``; ``top_cells`` names the three code cells (by id) with the highest
-peaks, where to look when a chapter is over its limit. The results are merged into ``--out`` (default
+is the chapter's ``peak_rss_mib``; ``top_cells`` names the three code cells (by id) that raised the running
+peak the most, and ``cells`` lists every code cell's peak and its resident memory at its end:
+where to look when a chapter is over its limit. The results are merged into ``--out`` (default
 ``data/memory.json``, written atomically after every pair, so an interrupted run keeps what it
 measured and the notebooks' :func:`grpo_course.memory.check_memory` reads it). One JSON line
 with every measured pair, the limit of the ``binder`` profile (1.8 GiB per chapter) and the
@@ -90,7 +91,9 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float,
                     sampler.take_window()
                     client.execute_cell(cell, index)
                     if cell.cell_type == "code":
-                        cells.append((sampler.take_window(), cell.get("id", str(index))))
+                        peak_cell = sampler.take_window()
+                        cells.append((cell.get("id", str(index)), peak_cell,
+                                      tree_rss_bytes(client.km.provisioner.pid)))
             except CellExecutionError as exc:
                 error = " ".join(str(exc).split())[-300:]
             finally:
@@ -101,11 +104,28 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float,
             write_text_atomic(executed / f"{path.stem}.{profile}.ipynb", nbformat.writes(nb))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    top = [{"cell": cid, "peak_rss_mib": round(b / 2**20, 1)} for b, cid in sorted(cells, reverse=True)[:3]]
+    top = [{"cell": cid, "peak_rss_mib": mib(peak), "rise_mib": mib(rise)}
+           for rise, cid, peak in sorted(peak_rises(cells), reverse=True)[:3] if rise > 0]
     return {"peak_rss_mib": round(peak / 2**20, 1), "wall_s": round(wall, 1), "ok": error is None,
             "top_cells": top,
+            "cells": [[cid, mib(peak), mib(end)] for cid, peak, end in cells],
             **({"error": error} if error else {}), "date": time.strftime("%Y-%m-%d %H:%M"),
             "commit": git_commit()}
+
+
+def mib(n_bytes: int) -> float:
+    return round(n_bytes / 2**20, 1)
+
+
+def peak_rises(cells: list[tuple[str, int, int]]) -> list[tuple[int, str, int]]:
+    """(rise, cell id, peak) of each cell: how far its peak raised the running maximum of the
+    cells before it. Memory that one cell keeps raises the baseline of every later cell; this
+    names the cell that added it, not the later cells that merely sit on it."""
+    rises, high = [], 0
+    for cid, peak, _ in cells:
+        rises.append((max(0, peak - high), cid, peak))
+        high = max(high, peak)
+    return rises
 
 
 def git_commit() -> str | None:

@@ -85,3 +85,15 @@ def test_binder_profile_keeps_the_full_recipe_with_less_memory():
     assert binder.eval.batch_size < full.eval.batch_size and binder.trl_ddp_steps == 0
     assert binder.grpo.per_step_completions % binder.grpo.num_generations == 0
     assert binder.short_per_step_completions % binder.short_num_generations == 0
+
+
+def test_peak_rises_name_the_cell_that_added_the_memory():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "bench_memory", Path(__file__).resolve().parents[1] / "bench" / "memory.py")
+    bench_memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_memory)
+    cells = [("load", 600, 600), ("train", 2000, 1900), ("plot", 1950, 1950), ("eval", 2100, 1900)]
+    assert bench_memory.peak_rises(cells) == [(600, "load", 600), (1400, "train", 2000),
+                                              (0, "plot", 1950), (100, "eval", 2100)]
