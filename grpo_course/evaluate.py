@@ -355,7 +355,7 @@ def sampled_rewards(model, tokenizer, dataset, k: int, max_new_tokens: int,
 
     from .rewards import REWARD_FUNCTIONS
     from .sampling import sample_completions
-    from .train import score_completions
+    from .train import score_groups
 
     funcs = reward_funcs or {n: REWARD_FUNCTIONS[n] for n in reward_weights}
     rows = list(dataset)
@@ -367,7 +367,7 @@ def sampled_rewards(model, tokenizer, dataset, k: int, max_new_tokens: int,
                                                       for r in chunk], k, max_new_tokens,
                                    temperature, seed=seed + lo, sampling_dtype=sampling_dtype)
         columns = {c: [r[c] for r in chunk] for c in chunk[0]}
-        weighted, _ = score_completions(batch.completions, columns, funcs, reward_weights, k)
+        weighted, _ = score_groups(batch.completions, columns, funcs, reward_weights, k)
         per_prompt += weighted.view(len(chunk), k).mean(1).tolist()
     return {"n": len(per_prompt), "k": k, "per_prompt": per_prompt,
             "mean": sum(per_prompt) / len(per_prompt) if per_prompt else float("nan")}

@@ -80,7 +80,7 @@ def checked_rewards(name: str, values, expected: int) -> torch.Tensor:
     return rewards
 
 
-def score_completions(completions: list, rows: dict[str, list], reward_funcs: dict[str, Callable],
+def score_groups(completions: list, rows: dict[str, list], reward_funcs: dict[str, Callable],
                       weights: dict[str, float], G: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted reward [B] and each function's rewards of ``completions`` (G per prompt of
     ``rows``); every column but ``question`` reaches the rewards as a keyword list, repeated G
@@ -346,7 +346,7 @@ class CourseTrainer:
     def _score(self, batch, rows: dict[str, list]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Weighted reward [B] and each function's rewards of a sampled batch; every dataset
         column reaches the rewards as a keyword list, repeated G times (as in TRL)."""
-        return score_completions(batch.completions, rows, self.reward_funcs,
+        return score_groups(batch.completions, rows, self.reward_funcs,
                                  self.config.reward_weights, self.config.num_generations)
 
     def sampling_seed(self, round_: int = 0) -> int:
