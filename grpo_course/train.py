@@ -81,7 +81,7 @@ def checked_rewards(name: str, values, expected: int) -> torch.Tensor:
 
 
 def score_groups(completions: list, rows: dict[str, list], reward_funcs: dict[str, Callable],
-                      weights: dict[str, float], G: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                 weights: dict[str, float], G: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted reward [B] and each function's rewards of ``completions`` (G per prompt of
     ``rows``); every column but ``question`` reaches the rewards as a keyword list, repeated G
     times (as in TRL). A function left out of ``weights`` is scored with weight 0."""
