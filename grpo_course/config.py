@@ -360,6 +360,9 @@ class Profile:
     short_num_generations: int = 4                    # G of chapters 4 and 5
     short_per_step_completions: int = 8               # completions per step there
     short_num_iterations: int = 1                     # updates per sampled batch there
+    # memory: fix glibc's mmap threshold so freed tensors go back to the system at once
+    # (grpo_course.memory.return_freed_memory; the binder profile, made for 2 GB)
+    return_freed_memory: bool = False
     # chapters 4-7 read their own entries from ``extra``
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -438,7 +441,8 @@ def _binder_profile(full: Profile) -> Profile:
     at most 1.8 GiB, measured by ``bench/memory.py``): the same recipe and warm start, with
     activation checkpointing in the training passes (the course trainer's and TRL's), smaller
     sampling and evaluation batches, fewer held-out problems (the intervals say so), and no
-    2-process run (two more copies of the model do not fit)."""
+    2-process run (two more copies of the model do not fit), and freed memory handed back to the
+    system at once (:func:`grpo_course.memory.return_freed_memory`)."""
     return replace(
         full, name="binder",
         eval=EvalConfig(n=128, batch_size=8, max_new_tokens=200),
@@ -446,7 +450,8 @@ def _binder_profile(full: Profile) -> Profile:
                      gradient_checkpointing=True),
         reward_prompts=4, pass_k_prompts=4,
         quant_eval_n=48, prof_copy_mib=128,
-        trl_eval_n=128, trl_ddp_steps=0, short_per_step_completions=4)
+        trl_eval_n=128, trl_ddp_steps=0, short_per_step_completions=4,
+        return_freed_memory=True)
 
 
 PROFILES["binder"] = _binder_profile(PROFILES["full"])
