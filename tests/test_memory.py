@@ -120,11 +120,13 @@ print((rss() - before) / 2**20)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_return_freed_memory_hands_freed_tensors_back():
-    kept = {mode: float(subprocess.run([sys.executable, "-c", FRAGMENTS, mode], text=True,
-                                       capture_output=True, check=True).stdout.split()[-1])
-            for mode in ("plain", "fix")}
-    assert kept["plain"] > 200          # 320 MiB freed but kept by the heap, measured here
-    assert kept["fix"] < 20             # handed back
+    # Without the fix what the heap keeps depends on where glibc placed the blocks: 16 to 320 MiB
+    # of the 320 MiB freed, measured run to run here. With it, every block over 128 KiB is its own
+    # mapping, unmapped when freed: nothing is kept, every time.
+    for _ in range(3):
+        kept = float(subprocess.run([sys.executable, "-c", FRAGMENTS, "fix"], text=True,
+                                    capture_output=True, check=True).stdout.split()[-1])
+        assert kept < 20
 
 
 def test_check_memory_on_the_binder_profile_says_freed_memory_goes_back(tmp_path):
