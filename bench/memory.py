@@ -54,11 +54,12 @@ class PeakSampler(threading.Thread):
             self.peak, self.window_peak = max(self.peak, rss), max(self.window_peak, rss)
             self._stop_event.wait(self.interval)
 
-    def take_window(self) -> int:
-        """The peak since the last call (one cell's peak when called after every cell)."""
+    def take_window(self) -> tuple[int, int]:
+        """The peak since the last call (one cell's peak when called after every cell) and the
+        resident memory now."""
         rss = tree_rss_bytes(self.pid)
         self.peak, peak, self.window_peak = max(self.peak, rss), max(self.window_peak, rss), 0
-        return peak
+        return peak, rss
 
     def stop(self) -> int:
         self._stop_event.set()
@@ -91,9 +92,7 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float,
                     sampler.take_window()
                     client.execute_cell(cell, index)
                     if cell.cell_type == "code":
-                        peak_cell = sampler.take_window()
-                        cells.append((cell.get("id", str(index)), peak_cell,
-                                      tree_rss_bytes(client.km.provisioner.pid)))
+                        cells.append((cell.get("id", str(index)), *sampler.take_window()))
             except CellExecutionError as exc:
                 error = " ".join(str(exc).split())[-300:]
             finally:
@@ -106,7 +105,7 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float,
         shutil.rmtree(work, ignore_errors=True)
     top = [{"cell": cid, "peak_rss_mib": mib(peak), "rise_mib": mib(rise)}
            for rise, cid, peak in sorted(peak_rises(cells), reverse=True)[:3] if rise > 0]
-    return {"peak_rss_mib": round(peak / 2**20, 1), "wall_s": round(wall, 1), "ok": error is None,
+    return {"peak_rss_mib": mib(peak), "wall_s": round(wall, 1), "ok": error is None,
             "top_cells": top,
             "cells": [[cid, mib(peak), mib(end)] for cid, peak, end in cells],
             **({"error": error} if error else {}), "date": time.strftime("%Y-%m-%d %H:%M"),

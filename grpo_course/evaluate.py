@@ -319,25 +319,34 @@ def attribution_table(results: dict[str, EvalResult]) -> list[dict[str, Any]]:
     return rows
 
 
+def _sampled_blocks(model, tokenizer, rows: list, k: int, max_new_tokens: int, temperature: float,
+                    seed: int, batch_prompts: int, sampling_dtype, desc: str, progress: bool):
+    """``(chunk, completions)`` for blocks of ``batch_prompts`` problems: ``k`` samples of each,
+    the block starting at problem ``lo`` drawn with seed ``seed + lo``."""
+    from tqdm.auto import tqdm
+
+    from .sampling import sample_completions
+
+    for lo in tqdm(range(0, len(rows), batch_prompts), desc=desc, disable=not progress):
+        chunk = rows[lo:lo + batch_prompts]
+        batch = sample_completions(model, tokenizer, [chat_prompt(r["question"], tokenizer)
+                                                      for r in chunk], k, max_new_tokens,
+                                   temperature, seed=seed + lo, sampling_dtype=sampling_dtype)
+        yield chunk, batch.completions
+
+
 def pass_at_k(model, tokenizer, dataset, k: int, max_new_tokens: int, temperature: float = 1.0,
               seed: int = 0, batch_prompts: int = 4, sampling_dtype: str | None = "auto",
               progress: bool = True) -> dict[str, Any]:
     """pass@k: the share of problems with at least one correct answer among ``k`` samples
     (the chance that a GRPO group of G = k holds a correct completion), with its interval."""
-    from tqdm.auto import tqdm
-
-    from .sampling import sample_completions
-
-    rows = list(dataset)
     solved = []
-    for lo in tqdm(range(0, len(rows), batch_prompts), desc=f"pass@{k}", disable=not progress):
-        chunk = rows[lo:lo + batch_prompts]
-        batch = sample_completions(model, tokenizer, [chat_prompt(r["question"], tokenizer)
-                                                      for r in chunk], k, max_new_tokens,
-                                   temperature, seed=seed + lo, sampling_dtype=sampling_dtype)
+    for chunk, texts in _sampled_blocks(model, tokenizer, list(dataset), k, max_new_tokens,
+                                        temperature, seed, batch_prompts, sampling_dtype,
+                                        f"pass@{k}", progress):
         for j, r in enumerate(chunk):
-            texts = batch.completions[j * k:(j + 1) * k]
-            solved.append(any(answers_match(extract_hash_answer(t), r["answer"]) for t in texts))
+            solved.append(any(answers_match(extract_hash_answer(t), r["answer"])
+                              for t in texts[j * k:(j + 1) * k]))
     hits = sum(solved)
     return {"n": len(solved), "k": k, "pass_at_k": hits / len(solved) if solved else 0.0,
             "ci95": wilson_interval(hits, len(solved)), "solved": solved}
@@ -351,23 +360,16 @@ def sampled_rewards(model, tokenizer, dataset, k: int, max_new_tokens: int,
     ``dataset``, scored with ``reward_weights`` (the course's rewards, or ``reward_funcs``), and
     each problem's mean. Two models scored on the same problems give a paired test of whether
     training moved the reward, free of which prompts a training step happened to draw."""
-    from tqdm.auto import tqdm
-
     from .rewards import REWARD_FUNCTIONS
-    from .sampling import sample_completions
     from .train import score_groups
 
     funcs = reward_funcs or {n: REWARD_FUNCTIONS[n] for n in reward_weights}
-    rows = list(dataset)
     per_prompt: list[float] = []
-    for lo in tqdm(range(0, len(rows), batch_prompts), desc=f"reward of {k} samples",
-                   disable=not progress):
-        chunk = rows[lo:lo + batch_prompts]
-        batch = sample_completions(model, tokenizer, [chat_prompt(r["question"], tokenizer)
-                                                      for r in chunk], k, max_new_tokens,
-                                   temperature, seed=seed + lo, sampling_dtype=sampling_dtype)
+    for chunk, texts in _sampled_blocks(model, tokenizer, list(dataset), k, max_new_tokens,
+                                        temperature, seed, batch_prompts, sampling_dtype,
+                                        f"reward of {k} samples", progress):
         columns = {c: [r[c] for r in chunk] for c in chunk[0]}
-        weighted, _ = score_groups(batch.completions, columns, funcs, reward_weights, k)
+        weighted, _ = score_groups(texts, columns, funcs, reward_weights, k)
         per_prompt += weighted.view(len(chunk), k).mean(1).tolist()
     return {"n": len(per_prompt), "k": k, "per_prompt": per_prompt,
             "mean": sum(per_prompt) / len(per_prompt) if per_prompt else float("nan")}

@@ -347,7 +347,7 @@ class CourseTrainer:
         """Weighted reward [B] and each function's rewards of a sampled batch; every dataset
         column reaches the rewards as a keyword list, repeated G times (as in TRL)."""
         return score_groups(batch.completions, rows, self.reward_funcs,
-                                 self.config.reward_weights, self.config.num_generations)
+                            self.config.reward_weights, self.config.num_generations)
 
     def sampling_seed(self, round_: int = 0) -> int:
         """The sampler's seed for this step's ``round_``-th sampling round (a function of the
