@@ -341,11 +341,19 @@ class Profile:
     prof_lever_generations: tuple[int, ...] = (2, 4, 8)
     prof_lever_lengths: tuple[int, ...] = (32, 64, 128)
     prof_nocache_tokens: int = 32                     # budget of the KV-cache lever
+    prof_trace_step: dict[str, Any] = field(default_factory=dict)   # GRPOConfig changes for the step
+                                                      # torch.profiler records (it keeps every event in
+                                                      # memory: ~5 KiB each, ~200k for a 16-token step)
+    prof_full_finetune: bool = True                   # time a full fine-tuning step beside LoRA (its
+                                                      # gradients and AdamW moments need ~1.6 GiB more)
+    prof_logits_completions: int | None = None        # completions in the all-position-logits pass (None: all)
     # chapter 4 (TRL GRPOTrainer); the rest of the run uses ``grpo`` and ``eval``
     trl_max_steps: int = 16                           # optimizer steps of each trainer (smoke: 1)
     trl_eval_n: int = 128                             # held-out problems per model (the warm start's are
                                                       # reused from chapter 3's cached evaluation)
     trl_ddp_steps: int = 1                            # steps of the 2-process TRL run (0: skipped)
+    trl_dtype: str = "float32"                        # TRL's weights: float32 (and bf16=False), or auto:
+                                                      # bf16 weights and bf16=True where the CPU has bf16
     # chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides
     cl_steps_per_stage: int = 2                       # GRPO steps per curriculum stage (and per swept lambda)
     cl_max_completion_length: int = 96                # completion budget while training
@@ -360,9 +368,9 @@ class Profile:
     short_num_generations: int = 4                    # G of chapters 4 and 5
     short_per_step_completions: int = 8               # completions per step there
     short_num_iterations: int = 1                     # updates per sampled batch there
-    # memory: fix glibc's mmap threshold so freed tensors go back to the system at once
-    # (grpo_course.memory.return_freed_memory; the binder profile, made for 2 GB)
-    return_freed_memory: bool = False
+    # memory: trade a little speed for memory (grpo_course.memory.use_low_memory: freed tensors go
+    # back to the system at once, heaps trimmed after each step, one sampler weight copy; binder)
+    low_memory: bool = False
     # chapters 4-7 read their own entries from ``extra``
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -439,19 +447,23 @@ PROFILES: dict[str, Profile] = {
 def _binder_profile(full: Profile) -> Profile:
     """The full profile's lessons within a free Binder session's 2 GB (each chapter's peak RSS
     at most 1.8 GiB, measured by ``bench/memory.py``): the same recipe and warm start, with
-    activation checkpointing in the training passes (the course trainer's and TRL's), smaller
-    sampling and evaluation batches, fewer held-out problems (the intervals say so), and no
-    2-process run (two more copies of the model do not fit), and freed memory handed back to the
-    system at once (:func:`grpo_course.memory.return_freed_memory`)."""
+    activation checkpointing in the training passes (the course trainer's and TRL's; TRL's weights
+    in bf16 where the CPU has it), smaller sampling and evaluation batches, fewer held-out problems
+    (the intervals say so), no 2-process run (two more copies of the model do not fit), a shorter
+    step under torch.profiler and no full fine-tuning run in chapter 7 (its AdamW state alone is
+    ~1.6 GiB), and the low-memory mode (:func:`grpo_course.memory.use_low_memory`)."""
     return replace(
         full, name="binder",
         eval=EvalConfig(n=128, batch_size=8, max_new_tokens=200),
-        grpo=replace(full.grpo, per_step_completions=8, generation_batch_size=32,
+        grpo=replace(full.grpo, per_step_completions=8, generation_batch_size=16,
                      gradient_checkpointing=True),
         reward_prompts=4, pass_k_prompts=4,
         quant_eval_n=48, prof_copy_mib=128,
-        trl_eval_n=128, trl_ddp_steps=0, short_per_step_completions=4,
-        return_freed_memory=True)
+        prof_trace_step={"num_generations": 2, "per_step_completions": 2, "max_completion_length": 8,
+                         "generation_batch_size": None},
+        prof_full_finetune=False, prof_logits_completions=2,
+        trl_eval_n=128, trl_ddp_steps=0, trl_dtype="auto", short_per_step_completions=4,
+        low_memory=True)
 
 
 PROFILES["binder"] = _binder_profile(PROFILES["full"])

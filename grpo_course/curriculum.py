@@ -251,9 +251,11 @@ def fisher_agreement(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor
 
 
 def sampled_batches(model, tokenizer, rows, batch_size: int = 8, max_new_tokens: int = 128,
-                    temperature: float = 1.0, seed: int = 0):
+                    temperature: float = 1.0, seed: int = 0, sampling_dtype=None):
     """Completions sampled from the policy for ``rows`` (one per problem), as Fisher batches
-    (the *true* Fisher: expectations under the model's own distribution)."""
+    (the *true* Fisher: expectations under the model's own distribution). ``sampling_dtype``
+    as in :func:`grpo_course.sampling.sample_completions` (``"auto"``: the trainer's sampler,
+    bf16 weights where the CPU has bf16; ``None``: the model's own precision)."""
     from .sampling import sample_completions
 
     rows = list(rows)
@@ -262,7 +264,7 @@ def sampled_batches(model, tokenizer, rows, batch_size: int = 8, max_new_tokens:
         b = sample_completions(model, tokenizer, [chat_prompt(r["question"], tokenizer)
                                                   for r in chunk], num_generations=1,
                                max_new_tokens=max_new_tokens, temperature=temperature,
-                               seed=seed + lo)
+                               seed=seed + lo, sampling_dtype=sampling_dtype)
         yield {"prompt_ids": b.prompt_ids, "prompt_mask": b.prompt_mask,
                "completion_ids": b.completion_ids, "completion_mask": b.completion_mask}
 

@@ -30,6 +30,7 @@ import psutil
 import torch
 
 from .hardware import available_cores, rss_bytes
+from .memory import free_memory
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
 
@@ -253,6 +254,8 @@ def top_ops(fn: Callable[[], Any], row_limit: int = 15,
     table = pd.DataFrame(rows, columns=["op", "self_ms", "total_ms", "calls"])
     if table.empty:
         raise RuntimeError("torch.profiler recorded no operators: did fn() run any torch code?")
+    del prof, rows                 # every recorded event (in reference cycles: collected now), and in
+    free_memory()                  # low-memory mode their many small blocks go back to the system
     table["self_share"] = table["self_ms"] / table["self_ms"].sum()
     return table.sort_values("self_ms", ascending=False).head(row_limit).reset_index(drop=True)
 

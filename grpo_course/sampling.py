@@ -18,9 +18,10 @@ Decoding one token per step reads every weight once per step, so it is bound by 
 bandwidth. ``sampling_dtype="bfloat16"`` snapshots the weights in bf16 (half the bytes,
 and the CPU's AVX512-BF16 instructions where it has them): about twice the tokens per
 second here; the bf16 weights are also reordered once per call into oneDNN's blocked layout,
-which a plain bf16 product redoes on every step (~1.2x more). ``"auto"`` picks bf16 only on
-CPUs with native bf16 support (elsewhere bf16 matrix products are emulated and slower).
-Training itself stays fp32; a bf16 sampler draws from a very slightly different
+which a plain bf16 product redoes on every step (~1.2x more; not in low-memory mode, where that
+second copy of the weights does not fit: :func:`grpo_course.memory.use_low_memory`).
+``"auto"`` picks bf16 only on CPUs with native bf16 support (elsewhere bf16 matrix products are
+emulated and slower). A bf16 sampler draws from a very slightly different
 distribution, so its log-probs are a diagnostic, not the trainer's ``old_per_token_logps``
 (see :mod:`grpo_course.train`).
 """
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import hardware
+from . import hardware, memory
 from .config import SAMPLING_DTYPES
 
 
@@ -242,13 +243,17 @@ class FastLlama:
         return x * cos + rotated * sin
 
     def allocate(self, batch: int, length: int, dtype: torch.dtype) -> None:
-        shape = (len(self.layers), batch, self.n_kv, length, self.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
-        # decoding multiplies every weight by a few rows per step: reorder the weights once
-        self.packed = [tuple(_prepack(w, batch) for w in (wqkv, wo, wgu, wd))
+        # one cache tensor per layer: dropping finished rows (select) then copies one layer at a
+        # time, so the cache never exists twice over
+        shape = (batch, self.n_kv, length, self.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
+        # decoding multiplies every weight by a few rows per step: reorder the weights once (a
+        # second copy of them: not in low-memory mode, where each product re-packs its weight)
+        pack = (lambda w: None) if memory.low_memory() else (lambda w: _prepack(w, batch))
+        self.packed = [tuple(pack(w) for w in (wqkv, wo, wgu, wd))
                        for _, wqkv, wo, _, wgu, wd in self.layers]
-        self.packed_head = _prepack(self.lm_head, batch)
+        self.packed_head = pack(self.lm_head)
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                 repeat: int) -> torch.Tensor:
@@ -264,8 +269,8 @@ class FastLlama:
             qkv = F.linear(n1(h), wqkv).view(P, L, H + 2 * K, D).transpose(1, 2)
             q, k, v = qkv.split([H, K, K], 1)
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            self.k[i, :, :, :L] = k.repeat_interleave(repeat, 0)
-            self.v[i, :, :, :L] = v.repeat_interleave(repeat, 0)
+            self.k[i][:, :, :L] = k.repeat_interleave(repeat, 0)
+            self.v[i][:, :, :L] = v.repeat_interleave(repeat, 0)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
             h = h + F.linear(a.transpose(1, 2).reshape(P, L, H * D), wo)
             g, u = F.linear(n2(h), wgu).split(self.inter, -1)
@@ -275,7 +280,9 @@ class FastLlama:
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only the cache rows ``rows`` (sequences that are still decoding)."""
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        for cache in (self.k, self.v):
+            for i in range(len(cache)):
+                cache[i] = cache[i][rows]
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor,
                t: int) -> torch.Tensor:
@@ -291,11 +298,11 @@ class FastLlama:
             qkv = _linear(n1(h), wqkv, p_qkv).view(B, 1, H + 2 * K, D)
             q, k, v = qkv.split([H, K, K], 2)
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            self.k[i, :, :, t] = k[:, 0]
-            self.v[i, :, :, t] = v[:, 0]
+            self.k[i][:, :, t] = k[:, 0]
+            self.v[i][:, :, t] = v[:, 0]
             # grouped-query attention: the H/K query heads of a KV head act as K query rows
             q = q.view(B, K, H // K, D)
-            a = F.scaled_dot_product_attention(q, self.k[i, :, :, :t + 1], self.v[i, :, :, :t + 1],
+            a = F.scaled_dot_product_attention(q, self.k[i][:, :, :t + 1], self.v[i][:, :, :t + 1],
                                                attn_mask=attn_mask)
             h = h + _linear(a.reshape(B, H * D), wo, p_o)
             g, u = _linear(n2(h), wgu, p_gu).split(self.inter, -1)

@@ -45,6 +45,7 @@ import torch
 from .config import ConfigError, GRPOConfig, save_run_config
 from .data import chat_prompts, sft_text
 from .errors import CourseError, RewardError, report
+from .memory import low_memory, trim_heap
 from .grpo import group_advantages, grpo_loss, per_token_logps, zero_std_groups
 from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
 
@@ -286,6 +287,7 @@ class CourseTrainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        trim_heap()                     # low-memory mode only: the step's freed blocks go back
         return {"phase": "sft", "sft_step": self.sft_done, "loss": float(loss.detach()),
                 "step_seconds": time.perf_counter() - start}
 
@@ -414,6 +416,7 @@ class CourseTrainer:
         ``num_iterations`` optimizer updates on that batch. ``rows`` (columns ``question``,
         ``answer``, ...) are the step's prompts; by default the next ones in ``prompt_order``."""
         cfg, G = self.config, self.config.num_generations
+        trim_heap()                     # low-memory mode only: what the last step freed goes back
         start = time.perf_counter()
         if rows is None:
             rows = self._next_rows(cfg.prompts_per_round if cfg.dynamic_sampling
@@ -433,11 +436,14 @@ class CourseTrainer:
         bf16 = self._train_in_bf16()
         self.model.train()
         updates = []
-        with frozen_linear_weights_as(self.model, torch.bfloat16 if bf16 else None):
+        # bf16 copies of the frozen weights, made once per step (not in low-memory mode: there
+        # autocast casts each weight as it is used, and no second copy of the model exists at once)
+        with frozen_linear_weights_as(self.model, torch.bfloat16 if bf16 and not low_memory() else None):
             old = None
             for _ in range(cfg.num_iterations):
                 metrics, old = self._update(batch, mask, advantages, keep, rows_kept, old, bf16)
                 updates.append(metrics)
+                trim_heap()             # low-memory mode only: the update's freed blocks go back
         metrics = {k: float(sum(u[k] for u in updates) / len(updates)) for k in updates[0]
                    if k != "skipped"}
         learn = not updates[0]["skipped"]

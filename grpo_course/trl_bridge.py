@@ -27,6 +27,7 @@ import os
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from grpo_course.cli import RunArguments
@@ -297,6 +298,20 @@ class TRLRun:
                 "completions_per_s": per_step * len(steps) / secs, "tokens_per_s": tokens / secs}
 
 
+def trim_heap_callback():
+    """A ``TrainerCallback`` that hands the heap's free pages back after every optimizer step
+    (:func:`grpo_course.memory.trim_heap`; a no-op outside low-memory mode)."""
+    from transformers import TrainerCallback
+
+    from grpo_course.memory import trim_heap
+
+    class TrimHeap(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            trim_heap()
+
+    return TrimHeap()
+
+
 def train_with_trl(cfg: GRPOConfig, output_dir: str | os.PathLike, model=None, tokenizer=None,
                    train_dataset=None, n_prompts: int | None = None, callbacks=None,
                    quiet: bool = True, **overrides: Any) -> TRLRun:
@@ -324,6 +339,10 @@ def train_with_trl(cfg: GRPOConfig, output_dir: str | os.PathLike, model=None, t
         train_dataset = trl_dataset("train", n=n, offset=cfg.train_offset)
     funcs, _ = reward_funcs_from_course(cfg)
     model.train()
+    from grpo_course.memory import low_memory
+
+    if low_memory():    # the binder profile: heap trimmed after each step, as the course trainer does
+        callbacks = [*(callbacks or []), trim_heap_callback()]
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
                           train_dataset=train_dataset, processing_class=tokenizer,
                           peft_config=lora_config_from_course(cfg) if cfg.use_lora else None,
@@ -338,13 +357,29 @@ def train_with_trl(cfg: GRPOConfig, output_dir: str | os.PathLike, model=None, t
                   seconds=time.perf_counter() - start)
 
 
-def save_and_merge(run: TRLRun, adapter_dir: str | os.PathLike):
-    """Save the LoRA adapter to ``adapter_dir`` and return the merged plain model (eval mode)."""
+def save_adapter(run: TRLRun, adapter_dir: str | os.PathLike) -> Path:
+    """Save the run's LoRA adapter (a few MB) to ``adapter_dir``; :func:`merge_adapter` puts it back
+    on the weights the run started from."""
     model = run.trainer.model
     if not hasattr(model, "merge_and_unload"):
         raise ConfigError("this run trained the full model (no LoRA adapter to save and merge)")
     model.save_pretrained(str(adapter_dir))
-    merged = model.merge_and_unload()
+    return Path(adapter_dir)
+
+
+def merge_adapter(model, adapter_dir: str | os.PathLike):
+    """``model`` with the adapter saved in ``adapter_dir`` merged into its weights (eval mode)."""
+    from peft import PeftModel
+
+    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    merged.eval()
+    return merged
+
+
+def save_and_merge(run: TRLRun, adapter_dir: str | os.PathLike):
+    """Save the LoRA adapter to ``adapter_dir`` and return the merged plain model (eval mode)."""
+    save_adapter(run, adapter_dir)
+    merged = run.trainer.model.merge_and_unload()
     merged.eval()
     return merged
 

@@ -143,6 +143,24 @@ def test_prepacked_bf16_weights_give_the_same_samples(monkeypatch):
     torch.testing.assert_close(packed.sampling_logps, plain.sampling_logps, atol=1e-3, rtol=1e-3)
 
 
+def test_low_memory_mode_keeps_one_copy_of_the_weights(monkeypatch):
+    """In low-memory mode the decoder keeps no re-ordered second copy of its bf16 weights, and
+    draws the same samples."""
+    from grpo_course import memory
+
+    model, tok = tiny_model(seed=1), tiny_tokenizer()
+    decoder = FastLlama(model, torch.bfloat16)
+    monkeypatch.setattr(memory, "_low_memory", True)
+    decoder.allocate(4, 16, torch.bfloat16)
+    assert decoder.packed_head is None and all(p is None for ps in decoder.packed for p in ps)
+    lean = sample_completions(model, tok, PROMPTS, 8, 60, temperature=1.0, seed=3,
+                              fast=True, sampling_dtype="bfloat16")
+    monkeypatch.setattr(memory, "_low_memory", False)
+    usual = sample_completions(model, tok, PROMPTS, 8, 60, temperature=1.0, seed=3,
+                               fast=True, sampling_dtype="bfloat16")
+    assert torch.equal(lean.completion_ids, usual.completion_ids)
+
+
 def test_greedy_and_left_padding(tiny):
     """Greedy completions of a prompt do not depend on the padding its batch needs."""
     model, tok = tiny
