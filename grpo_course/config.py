@@ -445,8 +445,8 @@ PROFILES: dict[str, Profile] = {
 
 
 def _binder_profile(full: Profile) -> Profile:
-    """The full profile's lessons within a free Binder session's 2 GB (each chapter's peak RSS
-    at most 1.8 GiB, measured by ``bench/memory.py``): the same recipe and warm start, with
+    """The full profile's lessons within a free Binder session's 2 GB (aiming at a peak RSS of
+    at most 1.8 GiB per chapter, measured by ``bench/memory.py``): the same recipe and warm start, with
     activation checkpointing in the training passes (the course trainer's and TRL's; TRL's weights
     in bf16 where the CPU has it), smaller sampling and evaluation batches, fewer held-out problems
     (the intervals say so), no 2-process run (two more copies of the model do not fit), a shorter
