@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 from grpo_course.cli import RunArguments
 from grpo_course.config import ConfigError, GRPOConfig
+from grpo_course.memory import low_memory, trim_heap
 
 #: course field -> ``trl.GRPOConfig`` field (the fields that change name or meaning).
 COURSE_TO_TRL: dict[str, str] = {
@@ -303,8 +304,6 @@ def trim_heap_callback():
     (:func:`grpo_course.memory.trim_heap`; a no-op outside low-memory mode)."""
     from transformers import TrainerCallback
 
-    from grpo_course.memory import trim_heap
-
     class TrimHeap(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             trim_heap()
@@ -339,8 +338,6 @@ def train_with_trl(cfg: GRPOConfig, output_dir: str | os.PathLike, model=None, t
         train_dataset = trl_dataset("train", n=n, offset=cfg.train_offset)
     funcs, _ = reward_funcs_from_course(cfg)
     model.train()
-    from grpo_course.memory import low_memory
-
     if low_memory():    # the binder profile: heap trimmed after each step, as the course trainer does
         callbacks = [*(callbacks or []), trim_heap_callback()]
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
@@ -372,14 +369,6 @@ def merge_adapter(model, adapter_dir: str | os.PathLike):
     from peft import PeftModel
 
     merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
-    merged.eval()
-    return merged
-
-
-def save_and_merge(run: TRLRun, adapter_dir: str | os.PathLike):
-    """Save the LoRA adapter to ``adapter_dir`` and return the merged plain model (eval mode)."""
-    save_adapter(run, adapter_dir)
-    merged = run.trainer.model.merge_and_unload()
     merged.eval()
     return merged
 

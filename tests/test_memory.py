@@ -102,6 +102,13 @@ def test_peak_rises_name_the_cell_that_added_the_memory():
                                               (0, "plot", 1950), (100, "eval", 2100)]
 
 
+def _last_number(script: str, arg: str) -> float:
+    """Run ``script`` in a fresh Python with ``arg`` and return the number it printed last (a
+    fresh process: the allocator's state of this one does not leak in)."""
+    return float(subprocess.run([sys.executable, "-c", script, arg], text=True,
+                                capture_output=True, check=True).stdout.split()[-1])
+
+
 FRAGMENTS = """
 import sys, psutil, torch
 from grpo_course.memory import return_freed_memory
@@ -125,9 +132,7 @@ def test_return_freed_memory_hands_freed_tensors_back():
     # of the 320 MiB freed, measured run to run here. With it, every block over 128 KiB is its own
     # mapping, unmapped when freed: nothing is kept, every time.
     for _ in range(3):
-        kept = float(subprocess.run([sys.executable, "-c", FRAGMENTS, "fix"], text=True,
-                                    capture_output=True, check=True).stdout.split()[-1])
-        assert kept < 20
+        assert _last_number(FRAGMENTS, "fix") < 20
 
 
 def test_check_memory_on_the_binder_profile_turns_low_memory_mode_on(tmp_path, monkeypatch):
@@ -166,8 +171,5 @@ print(trim_heap() / 2**20)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
 def test_trim_heap_hands_the_holes_of_the_heap_back():
-    def handed_back(mode: str) -> float:
-        return float(subprocess.run([sys.executable, "-c", HOLES, mode], text=True,
-                                    capture_output=True, check=True).stdout.split()[-1])
-    assert handed_back("0") == 0                 # outside low-memory mode it does nothing
-    assert handed_back("1") > 200                # measured here: ~370 MiB of the ~370 MiB freed
+    assert _last_number(HOLES, "0") == 0          # outside low-memory mode it does nothing
+    assert _last_number(HOLES, "1") > 200         # measured here: ~370 MiB of the ~370 MiB freed
