@@ -354,6 +354,8 @@ class Profile:
     trl_ddp_steps: int = 1                            # steps of the 2-process TRL run (0: skipped)
     trl_dtype: str = "float32"                        # TRL's weights: float32 (and bf16=False), or auto:
                                                       # bf16 weights and bf16=True where the CPU has bf16
+    trl_micro_batch: int | None = None                # completions per forward/backward pass of TRL's step
+                                                      # (gradient accumulation; None: the whole step at once)
     # chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides
     cl_steps_per_stage: int = 2                       # GRPO steps per curriculum stage (and per swept lambda)
     cl_max_completion_length: int = 96                # completion budget while training
@@ -448,7 +450,7 @@ def _binder_profile(full: Profile) -> Profile:
     """The full profile's lessons within a free Binder session's 2 GB (aiming at a peak RSS of
     at most 1.8 GiB per chapter, measured by ``bench/memory.py``): the same recipe and warm start, with
     activation checkpointing in the training passes (the course trainer's and TRL's; TRL's weights
-    in bf16 where the CPU has it), smaller sampling and evaluation batches, fewer held-out problems
+    in bf16 where the CPU has it, and its step's completions through the model two at a time), smaller sampling and evaluation batches, fewer held-out problems
     (the intervals say so), no 2-process run (two more copies of the model do not fit), a shorter
     step under torch.profiler and no full fine-tuning run in chapter 7 (its AdamW state alone is
     ~1.6 GiB), and the low-memory mode (:func:`grpo_course.memory.use_low_memory`)."""
@@ -462,7 +464,8 @@ def _binder_profile(full: Profile) -> Profile:
         prof_trace_step={"num_generations": 2, "per_step_completions": 2, "max_completion_length": 8,
                          "generation_batch_size": None},
         prof_full_finetune=False, prof_logits_completions=2,
-        trl_eval_n=128, trl_ddp_steps=0, trl_dtype="auto", short_per_step_completions=4,
+        trl_eval_n=128, trl_ddp_steps=0, trl_dtype="auto", trl_micro_batch=2,
+        short_per_step_completions=4,
         low_memory=True)
 
 

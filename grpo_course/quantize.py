@@ -56,10 +56,12 @@ def quantize_dynamic_int8(model: torch.nn.Module, inplace: bool = False,
     """
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    model = model if inplace else copy.deepcopy(model)
-    spec = {name: per_channel_dynamic_qconfig for name, module in model.named_modules()
-            if isinstance(module, torch.nn.Linear) and not name.endswith(tuple(skip))}
-    return quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
+    def convert(model: torch.nn.Module) -> torch.nn.Module:
+        spec = {name: per_channel_dynamic_qconfig for name, module in model.named_modules()
+                if isinstance(module, torch.nn.Linear) and not name.endswith(tuple(skip))}
+        return quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
+
+    return convert(model) if inplace else quantized_copy(model, convert)
 
 
 def quantize_torchao_int8(model: torch.nn.Module, inplace: bool = False) -> torch.nn.Module:
@@ -68,9 +70,28 @@ def quantize_torchao_int8(model: torch.nn.Module, inplace: bool = False) -> torc
     quiet_torchao()
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
-    model = model if inplace else copy.deepcopy(model)
-    quantize_(model, Int8DynamicActivationInt8WeightConfig())
-    return model
+    def convert(model: torch.nn.Module) -> torch.nn.Module:
+        quantize_(model, Int8DynamicActivationInt8WeightConfig())
+        return model
+
+    return convert(model) if inplace else quantized_copy(model, convert)
+
+
+def quantized_copy(model: torch.nn.Module, convert) -> torch.nn.Module:
+    """``convert`` (an in-place quantization) applied to a copy of ``model``; ``model`` is left
+    as it was. The copy shares the original's ``nn.Linear`` weights until ``convert`` replaces
+    them by their int8 versions: a full fp32 copy of them (~400 MiB for the bundled model) would
+    live only to be thrown away. A Linear that ``convert`` leaves in fp32 gets its own copy of its
+    weight afterwards, as do the embedding and a weight tied to it."""
+    tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    shared = {id(m.weight): m.weight for m in model.modules()
+              if isinstance(m, torch.nn.Linear) and id(m.weight) not in tied}
+    converted = convert(copy.deepcopy(model, dict(shared)))    # memo: "the copy of w is w"
+    for module in converted.modules():
+        w = module._parameters.get("weight") if hasattr(module, "_parameters") else None
+        if w is not None and id(w) in shared:                # left in fp32: its own weight
+            module.weight = torch.nn.Parameter(w.detach().clone(), requires_grad=w.requires_grad)
+    return converted
 
 
 def quantize(model: torch.nn.Module, variant: str, inplace: bool = False,

@@ -209,7 +209,8 @@ class FastLlama:
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.rotary = base.model.rotary_emb
-        self.embed = cast(base.model.embed_tokens.weight)
+        # the embedding is gathered from the model's own weight and cast per token: no second copy
+        self.embed = base.model.embed_tokens.weight.detach()
         self.norm = self._rms_norm(base.model.norm)
         self.lm_head = cast(_weight(base.lm_head))
         self.layers = []
@@ -259,7 +260,7 @@ class FastLlama:
                 repeat: int) -> torch.Tensor:
         """Run the prompts [P, L] once; write their K/V ``repeat`` times; last logits [P*repeat, V]."""
         P, L = ids.shape
-        h = F.embedding(ids, self.embed)
+        h = F.embedding(ids, self.embed).to(self.dtype)
         cos, sin = (c.to(self.dtype) for c in self.rotary(h.float(), positions))
         cos, sin = cos[:, None], sin[:, None]
         keep = torch.ones(L, L, dtype=torch.bool).tril()[None, None] & mask.bool()[:, None, None, :]
@@ -289,7 +290,7 @@ class FastLlama:
         """One token per row at cache slot ``t``; ``keep`` [B, t+1] marks attendable slots."""
         B = tokens.shape[0]
         H, K, D = self.n_heads, self.n_kv, self.head_dim
-        h = F.embedding(tokens, self.embed)                        # [B, d]
+        h = F.embedding(tokens, self.embed).to(self.dtype)         # [B, d]
         cos, sin = (c.to(self.dtype) for c in self.rotary(h[:, None].float(), positions[:, None]))
         cos, sin = cos[:, :, None], sin[:, :, None]
         attn_mask = keep[:, None, None, :]

@@ -105,12 +105,16 @@ def reward_names(cfg: GRPOConfig) -> list[str]:
 
 
 def grpo_config_from_course(cfg: GRPOConfig, output_dir: str | os.PathLike,
-                            **overrides: Any):
+                            micro_batch: int | None = None, **overrides: Any):
     """``trl.GRPOConfig`` for the course config ``cfg``: CPU, fp32, LoRA-friendly.
 
     One optimizer step = ``per_device_train_batch_size`` completions =
     ``cfg.per_step_completions`` (G per prompt), generated once and used for one
     update (``num_iterations=1``, no gradient accumulation), as in the course trainer.
+    With ``micro_batch`` the step's completions are still generated at once and make one
+    update, but pass through the model ``micro_batch`` at a time (TRL's gradient accumulation:
+    ``per_device_train_batch_size=micro_batch``); the loss is the same, the memory of the
+    backward pass shrinks with the micro-batch (the binder profile: ``Profile.trl_micro_batch``).
     ``overrides`` replace any ``trl.GRPOConfig`` field (TRL's own checks then apply).
     """
     from trl import GRPOConfig as TRLConfig
@@ -146,6 +150,12 @@ def grpo_config_from_course(cfg: GRPOConfig, output_dir: str | os.PathLike,
         **trackio_fields(cfg),
         dataloader_num_workers=0, dataloader_pin_memory=False,
     )
+    if micro_batch is not None:
+        if micro_batch < 1 or cfg.per_step_completions % micro_batch:
+            raise ConfigError(f"micro_batch ({micro_batch}) must divide per_step_completions "
+                              f"({cfg.per_step_completions})")
+        kwargs.update(per_device_train_batch_size=micro_batch,
+                      gradient_accumulation_steps=cfg.per_step_completions // micro_batch)
     from dataclasses import fields
 
     known = {f.name for f in fields(TRLConfig)}
@@ -292,7 +302,8 @@ class TRLRun:
         if not steps:
             return {"steps": 0, "s_per_step": float("nan"), "completions_per_s": float("nan"),
                     "tokens_per_s": float("nan")}
-        per_step = self.trainer.args.per_device_train_batch_size
+        args = self.trainer.args
+        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         secs = sum(e["step_time"] for e in steps)
         tokens = sum(per_step * e.get("completions/mean_length", 0.0) for e in steps)
         return {"steps": len(steps), "s_per_step": secs / len(steps),

@@ -70,6 +70,40 @@ def test_dynamic_skip_keeps_named_layers_float_and_round_trips(ids, tmp_path):
     assert torch.equal(logits(q, ids), logits(loaded, ids))
 
 
+@pytest.mark.parametrize("variant,skip", [("dynamic", ()), ("dynamic", ("down_proj",)),
+                                          ("torchao", ())])
+def test_quantize_copies_nothing_it_replaces_and_shares_nothing_it_keeps(variant, skip, ids):
+    """quantize() makes no fp32 copy of the weights it turns into int8 (the copy shares them
+    until they are replaced), leaves the original untouched, and shares no weight with it."""
+    model = tiny_llama()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ref = logits(model, ids)
+    copies = []
+    real_deepcopy = Q.copy.deepcopy
+
+    def counting_deepcopy(obj, memo=None):           # (copy.deepcopy recurses through itself)
+        out = real_deepcopy(obj, memo)
+        if obj is model:                                 # the model's copy: the values it copied
+            copies.append(sum(p.numel() for p in out.parameters() if id(p) not in (memo or {})))
+        return out
+
+    Q.copy.deepcopy = counting_deepcopy
+    try:
+        q = Q.quantize(model, variant, skip=skip)
+    finally:
+        Q.copy.deepcopy = real_deepcopy
+    embed = model.model.embed_tokens.weight.numel()
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    assert copies == [embed + norms]                  # copied: the embedding (= tied head) and norms
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert torch.equal(logits(model, ids), ref)
+    originals = {p.data_ptr() for p in model.parameters()}
+    assert not any(p.data_ptr() in originals for p in q.parameters() if not p.is_quantized)
+    if skip:
+        assert type(q.model.layers[0].mlp.down_proj) is torch.nn.Linear
+        assert torch.equal(q.model.layers[0].mlp.down_proj.weight, model.model.layers[0].mlp.down_proj.weight)
+
+
 def test_safetensors_refuses_quantized_state_dicts(tmp_path):
     from safetensors.torch import save_file
 

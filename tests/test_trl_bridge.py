@@ -202,6 +202,49 @@ def test_trl_batch_rules_raise_readable_errors(tmp_path):
         trl_bridge.grpo_config_from_course(GRPOConfig(), tmp_path, num_generations=1)
 
 
+def test_micro_batch_accumulates_gradients_over_the_step(tmp_path):
+    cfg = GRPOConfig(num_generations=4, per_step_completions=8)
+    args = trl_bridge.grpo_config_from_course(cfg, tmp_path, micro_batch=2)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (2, 4)
+    assert args.generation_batch_size == 8          # still one generation of the whole step
+    for bad in (0, 3, 16):
+        with pytest.raises(ConfigError, match="must divide per_step_completions"):
+            trl_bridge.grpo_config_from_course(cfg, tmp_path, micro_batch=bad)
+
+
+def varied_reward(completions, **kwargs):
+    """A reward that differs inside a group (the tiny model writes random tokens)."""
+    return [float(sum(map(ord, str(c))) % 7) for c in completions]
+
+
+def test_micro_batches_take_the_same_step_as_the_whole_batch(tiny_model_dir, tmp_path):
+    """The binder profile's memory saver changes no result: the step's completions through the
+    model two at a time (gradient accumulation) give the same loss and the same new weights as
+    all of them at once (same seed, so the same completions; plain SGD, so the step is lr x grad)."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    folder, tok = tiny_model_dir
+    cfg = GRPOConfig(num_generations=G, per_step_completions=G * PROMPTS, max_completion_length=MAX_LEN,
+                     max_steps=1, loss_type="dapo", learning_rate=0.5, prompt_order="sequential",
+                     reward_weights={"exact_format": 1.0}, use_lora=False)
+    weights, losses = [], []
+    for micro in (None, 2):
+        args = trl_bridge.grpo_config_from_course(cfg, tmp_path / f"micro{micro}", micro_batch=micro,
+                                                  optim="sgd")
+        trainer = GRPOTrainer(model=str(folder), reward_funcs=varied_reward, args=args,
+                              train_dataset=Dataset.from_dict({"prompt": ["t1 t2", "t3 t4"]}),
+                              processing_class=tok)
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+        weights.append({n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+        losses.append(trainer.state.log_history[0]["loss"])
+    assert any(not torch.equal(before[n], weights[1][n]) for n in before)     # the step moved them
+    assert losses[0] == pytest.approx(losses[1], abs=1e-6)
+    for name in weights[0]:
+        torch.testing.assert_close(weights[1][name], weights[0][name], rtol=1e-5, atol=1e-6)
+
+
 def test_lora_config_from_course():
     cfg = GRPOConfig(lora_r=8, lora_alpha=16, lora_dropout=0.05)
     lora = trl_bridge.lora_config_from_course(cfg)
