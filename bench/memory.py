@@ -128,13 +128,15 @@ def peak_rises(cells: list[tuple[str, int, int]]) -> list[tuple[int, str, int]]:
 
 
 def git_commit() -> str | None:
-    """The checkout's commit (with ``+`` when it has uncommitted changes), if git knows it."""
+    """The checkout's commit (with ``+`` when it has uncommitted changes other than this
+    benchmark's own results file), if git knows it."""
     import subprocess
 
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
                               capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                f":(exclude){MEMORY_FILE.relative_to(ROOT)}"], cwd=ROOT,
                                text=True, capture_output=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
