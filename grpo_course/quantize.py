@@ -198,6 +198,22 @@ def restore_int8_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor
         module.set_weight_bias(q, tensors.pop(f"{name}.bias", None))
 
 
+def empty_dynamic_linears(model: torch.nn.Module, skip: Sequence[str] = ()) -> torch.nn.Module:
+    """``model`` with every ``nn.Linear`` (except names ending in one of ``skip``) replaced by an
+    empty ``torch.ao`` dynamic INT8 Linear of its shape: the module structure of
+    :func:`quantize_dynamic_int8`, built without reading the float weights (a skeleton that
+    :func:`restore_int8_weights` fills)."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    for name, module in list(model.named_modules()):
+        if type(module) is torch.nn.Linear and not name.endswith(tuple(skip)):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child,
+                    DynamicLinear(module.in_features, module.out_features,
+                                  bias_=module.bias is not None, dtype=torch.qint8))
+    return model
+
+
 def _restore_float_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     """Copy the remaining (float) parameters and buffers; every one must be there, once."""
     missing, filled = [], set()
@@ -284,25 +300,59 @@ def load_quantized(folder: str | Path):
     if variant == "fp32":
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         return _prepare(model, tokenizer, "cpu") if tokenizer is not None else (model.eval(), None)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder),
-                                             dtype=torch.float32)
-    if variant == "dynamic":                            # the same module structure
-        model = quantize_dynamic_int8(model, inplace=True, skip=info.get("float_linears", ()))
-    else:
-        model = quantize(model, variant, inplace=True)
-    tensors = load_file(folder / WEIGHTS_FILE)
+    from transformers.initialization import no_init_weights
+
+    # the same module structure as the saved model, without an fp32 copy of it: uninitialised
+    # float storage (never written, so it takes no memory) that the saved tensors fill below
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder),
+                                                 dtype=torch.float32)
+    model.tie_weights()                          # (no_init_weights skips the tying too)
     if variant == "dynamic":
-        _restore_dynamic(model, tensors)
+        model = empty_dynamic_linears(model, skip=info.get("float_linears", ()))
+    else:
+        for module in [m for m in model.modules() if isinstance(m, torch.nn.Linear)]:
+            module.weight.data.zero_()           # defined values to quantize, one Linear at a time
+            quantize_torchao_int8(module, inplace=True)
+    if variant == "dynamic":
+        with safe_open(folder / WEIGHTS_FILE, "pt") as fh:   # one tensor in memory at a time
+            _restore_dynamic(model, _TensorsOnDemand(fh))
     else:
         from torchao.prototype.safetensors.safetensors_support import unflatten_tensor_state_dict
 
         with safe_open(folder / WEIGHTS_FILE, "pt") as fh:
             metadata = fh.metadata()
-        state, leftover = unflatten_tensor_state_dict(tensors, metadata)
+        state, leftover = unflatten_tensor_state_dict(load_file(folder / WEIGHTS_FILE), metadata)
         if leftover:
             raise QuantizeError(f"{folder}: unreadable tensors {list(leftover)[:5]}")
         model.load_state_dict(state, assign=True, strict=True)
     return _prepare(model, tokenizer, "cpu") if tokenizer is not None else (model.eval(), None)
+
+
+class _TensorsOnDemand:
+    """The tensors of an open safetensors file, each read when it is popped: what
+    :func:`restore_int8_weights` and :func:`_restore_float_tensors` take from a dict (``in``,
+    ``pop``; true while some are left, iterating over those)."""
+
+    def __init__(self, handle):
+        self.handle, self.left = handle, set(handle.keys())
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.left
+
+    def pop(self, key: str, *default):
+        if key not in self.left:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        self.left.remove(key)
+        return self.handle.get_tensor(key)
+
+    def __bool__(self) -> bool:
+        return bool(self.left)
+
+    def __iter__(self):
+        return iter(sorted(self.left))
 
 
 def folder_bytes(folder: str | Path, pattern: str = "*.safetensors") -> int:

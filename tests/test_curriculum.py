@@ -143,6 +143,34 @@ def test_fisher_of_tiny_llama_matches_per_sequence_forward():
     assert ll.shape == (4,) and bool((ll < 0).all())
 
 
+def test_fisher_with_activation_checkpointing_is_the_same_fisher():
+    """With activation checkpointing on (the binder profile) the Fisher runs in train mode, which
+    recomputes activations in the backward pass (and drops nothing here): the same values, and
+    the model's mode is restored. With dropout in the model it stays in eval mode."""
+    from grpo_course.curriculum import drops_anything
+
+    batch = dict(prompt_ids=torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]]),
+                 prompt_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]),
+                 completion_ids=torch.tensor([[12, 13, 14], [15, 16, 0]]),
+                 completion_mask=torch.tensor([[1, 1, 1], [1, 1, 0]]))
+    params = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"]
+    plain = fisher_diagonal(tiny_llama(), [batch], params=params, progress=False)
+    model = tiny_llama()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.eval()
+    modes = []
+    model.model.layers[0].register_forward_hook(lambda m, i, o: modes.append(m.training))
+    checkpointed = fisher_diagonal(model, [batch], params=params, progress=False)
+    assert modes and all(modes) and not model.training       # train mode inside, eval again after
+    for n in params:
+        torch.testing.assert_close(checkpointed[n], plain[n], rtol=1e-4, atol=1e-8)
+    assert not drops_anything(model)
+    model.config.attention_dropout = 0.1
+    modes.clear()
+    fisher_diagonal(model, [batch], params=params, progress=False)
+    assert drops_anything(model) and modes and not any(modes)
+
+
 def test_fisher_bad_input():
     model = Bernoulli(0.0)
     with pytest.raises(CurriculumError, match="no sequences"):
