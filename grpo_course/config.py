@@ -450,10 +450,11 @@ def _binder_profile(full: Profile) -> Profile:
     """The full profile's lessons within a free Binder session's 2 GB (aiming at a peak RSS of
     at most 1.8 GiB per chapter, measured by ``bench/memory.py``): the same recipe and warm start, with
     activation checkpointing in the training passes (the course trainer's and TRL's; TRL's weights
-    in bf16 where the CPU has it, and its step's completions through the model two at a time), smaller sampling and evaluation batches, fewer held-out problems
-    (the intervals say so), no 2-process run (two more copies of the model do not fit), a shorter
-    step under torch.profiler and no full fine-tuning run in chapter 7 (its AdamW state alone is
-    ~1.6 GiB), and the low-memory mode (:func:`grpo_course.memory.use_low_memory`)."""
+    in bf16 where the CPU has it, and its step's completions through the model two at a time),
+    smaller sampling and evaluation batches, fewer held-out problems (the intervals say so), no
+    2-process run (two more copies of the model do not fit), a shorter step under torch.profiler
+    and no full fine-tuning run in chapter 7 (its AdamW state alone is ~1.6 GiB), and the
+    low-memory mode (:func:`grpo_course.memory.use_low_memory`)."""
     return replace(
         full, name="binder",
         eval=EvalConfig(n=128, batch_size=8, max_new_tokens=200),
