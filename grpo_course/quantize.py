@@ -281,7 +281,6 @@ def _write_variant(model: torch.nn.Module, tokenizer, folder: Path, variant: str
 def load_quantized(folder: str | Path):
     """``(model, tokenizer)`` from a folder written by :func:`save_quantized`."""
     from safetensors import safe_open
-    from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from .models import _prepare
@@ -310,19 +309,17 @@ def load_quantized(folder: str | Path):
     model.tie_weights()                          # (no_init_weights skips the tying too)
     if variant == "dynamic":
         model = empty_dynamic_linears(model, skip=info.get("float_linears", ()))
-    else:
-        for module in [m for m in model.modules() if isinstance(m, torch.nn.Linear)]:
-            module.weight.data.zero_()           # defined values to quantize, one Linear at a time
-            quantize_torchao_int8(module, inplace=True)
-    if variant == "dynamic":
         with safe_open(folder / WEIGHTS_FILE, "pt") as fh:   # one tensor in memory at a time
             _restore_dynamic(model, _TensorsOnDemand(fh))
     else:
         from torchao.prototype.safetensors.safetensors_support import unflatten_tensor_state_dict
 
+        for module in [m for m in model.modules() if isinstance(m, torch.nn.Linear)]:
+            module.weight.data.zero_()           # defined values to quantize, one Linear at a time
+            quantize_torchao_int8(module, inplace=True)
         with safe_open(folder / WEIGHTS_FILE, "pt") as fh:
-            metadata = fh.metadata()
-        state, leftover = unflatten_tensor_state_dict(load_file(folder / WEIGHTS_FILE), metadata)
+            state, leftover = unflatten_tensor_state_dict(
+                {key: fh.get_tensor(key) for key in fh.keys()}, fh.metadata())
         if leftover:
             raise QuantizeError(f"{folder}: unreadable tensors {list(leftover)[:5]}")
         model.load_state_dict(state, assign=True, strict=True)
