@@ -26,7 +26,7 @@ import torch
 from .atomic import atomic_write
 from .errors import CourseError
 from .data import STRATA, chat_prompt, extract_hash_answer, sft_text
-from .grpo import _activation_checkpointing
+from .grpo import uses_activation_checkpointing
 
 EWC_FILE = "ewc.safetensors"
 
@@ -193,7 +193,7 @@ def fisher_diagonal(model, batches: Iterable[Mapping[str, torch.Tensor]],
     # in the backward pass (activation checkpointing: the binder profile) does so in train mode
     # only; where train mode drops nothing it is the same function, and each backward pass then
     # holds one layer's activations instead of every layer's (~300 MiB less for the bundled model)
-    model.train(_activation_checkpointing(model) and not drops_anything(model))
+    model.train(uses_activation_checkpointing(model) and not drops_anything(model))
     try:
         for batch in tqdm(batches, desc="fisher", disable=not progress):
             for n in range(_batch_rows(batch)):

@@ -88,7 +88,7 @@ def _token_logps(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tens
     return picked, torch.cat([e for _, e in parts]) if with_entropy else None
 
 
-def _activation_checkpointing(model) -> bool:
+def uses_activation_checkpointing(model) -> bool:
     """Whether ``model`` recomputes activations in its backward pass (transformers 5 calls it
     activation checkpointing; the old name still works there, with a deprecation warning)."""
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
@@ -117,7 +117,7 @@ def per_token_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     G = B // P
     decoder, head = model.get_decoder(), model.get_output_embeddings()
     prompt_mask = prompt_mask.to(completion_mask.dtype)
-    if _activation_checkpointing(model) and model.training:
+    if uses_activation_checkpointing(model) and model.training:
         # activation checkpointing recomputes each layer in the backward pass, which a key/value
         # cache cannot survive: one pass over prompt + completion per row instead
         hidden = _hidden_without_cache(decoder, prompt_ids.repeat_interleave(G, 0),

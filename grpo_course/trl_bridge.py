@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 from grpo_course.cli import RunArguments
 from grpo_course.config import ConfigError, GRPOConfig
-from grpo_course.memory import low_memory, trim_heap
+from grpo_course.memory import trim_heap
 
 #: course field -> ``trl.GRPOConfig`` field (the fields that change name or meaning).
 COURSE_TO_TRL: dict[str, str] = {
@@ -349,8 +349,8 @@ def train_with_trl(cfg: GRPOConfig, output_dir: str | os.PathLike, model=None, t
         train_dataset = trl_dataset("train", n=n, offset=cfg.train_offset)
     funcs, _ = reward_funcs_from_course(cfg)
     model.train()
-    if low_memory():    # the binder profile: heap trimmed after each step, as the course trainer does
-        callbacks = [*(callbacks or []), trim_heap_callback()]
+    # the binder profile: the heap is trimmed after each step, as the course trainer does
+    callbacks = [*(callbacks or []), trim_heap_callback()]
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
                           train_dataset=train_dataset, processing_class=tokenizer,
                           peft_config=lora_config_from_course(cfg) if cfg.use_lora else None,
