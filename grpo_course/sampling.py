@@ -246,9 +246,12 @@ class FastLlama:
     def allocate(self, batch: int, length: int, dtype: torch.dtype) -> None:
         # one cache tensor per layer: dropping finished rows (select) then copies one layer at a
         # time, so the cache never exists twice over
+        # (left uninitialised: attention reads only the slots written so far, so the pages of the
+        # slots still to come take no memory until decoding reaches them)
         shape = (batch, self.n_kv, length, self.head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in self.layers]
+        self.k = [torch.empty(shape, dtype=dtype) for _ in self.layers]
+        self.v = [torch.empty(shape, dtype=dtype) for _ in self.layers]
+        self.written = 0            # slots 0..written-1 hold keys and values
         # decoding multiplies every weight by a few rows per step: reorder the weights once (a
         # second copy of them: not in low-memory mode, where each product re-packs its weight)
         pack = (lambda w: None) if memory.low_memory() else (lambda w: _prepack(w, batch))
@@ -272,6 +275,7 @@ class FastLlama:
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             self.k[i][:, :, :L] = k.repeat_interleave(repeat, 0)
             self.v[i][:, :, :L] = v.repeat_interleave(repeat, 0)
+            self.written = L
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
             h = h + F.linear(a.transpose(1, 2).reshape(P, L, H * D), wo)
             g, u = F.linear(n2(h), wgu).split(self.inter, -1)
@@ -280,10 +284,13 @@ class FastLlama:
         return F.linear(last, self.lm_head).float().repeat_interleave(repeat, 0)
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only the cache rows ``rows`` (sequences that are still decoding)."""
+        """Keep only the cache rows ``rows`` (sequences that are still decoding); only the slots
+        written so far are copied (the others stay untouched, so they take no memory yet)."""
         for cache in (self.k, self.v):
             for i in range(len(cache)):
-                cache[i] = cache[i][rows]
+                kept = torch.empty((len(rows), *cache[i].shape[1:]), dtype=cache[i].dtype)
+                kept[:, :, :self.written] = cache[i][rows, :, :self.written]
+                cache[i] = kept
 
     def decode(self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor,
                t: int) -> torch.Tensor:
@@ -301,6 +308,7 @@ class FastLlama:
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             self.k[i][:, :, t] = k[:, 0]
             self.v[i][:, :, t] = v[:, 0]
+            self.written = t + 1
             # grouped-query attention: the H/K query heads of a KV head act as K query rows
             q = q.view(B, K, H // K, D)
             a = F.scaled_dot_product_attention(q, self.k[i][:, :, :t + 1], self.v[i][:, :, :t + 1],

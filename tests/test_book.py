@@ -29,6 +29,14 @@ def test_chapter_page_has_outputs_and_no_errors(stem):
     assert not re.search(r'class="[^"]*\berror\b', page), f"{stem}: a cell error is rendered"
 
 
+def test_intro_tables_the_measured_memory_and_says_what_fits():
+    page = (Path(HTML) / "book" / "intro.html").read_text(encoding="utf-8")
+    text = " ".join(_prose_text(page).split())
+    assert "Measured by bench/memory.py" in text, "the memory table is missing from the intro"
+    assert re.search(r"(Every measured chapter \(\d+\) stays within|Over) the binder "
+                     r"profile's \d\.\d\d GiB target", text), "no verdict on the binder limit"
+
+
 ROLE = re.compile(r"\{(eval|glue|term|cite|doc|ref|numref|eq|download)(:[a-z]*)?\}|"
                   r"\{(admonition|dropdown|note|warning|tip|math|figure|code-cell|glossary)\}")
 

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -173,3 +174,27 @@ print(trim_heap() / 2**20)
 def test_trim_heap_hands_the_holes_of_the_heap_back():
     assert _last_number(HOLES, "0") == 0          # outside low-memory mode it does nothing
     assert _last_number(HOLES, "1") > 200         # measured here: ~370 MiB of the ~370 MiB freed
+
+
+def _memory_table_extension():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "book" / "_ext" / "memory_table.py"
+    spec = importlib.util.spec_from_file_location("memory_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_memory_table_says_which_chapters_are_over_the_binder_limit():
+    verdict = _memory_table_extension()._verdict
+    data = {"binder_limit_mib": 1843.2, "results": {
+        "01_a": {"binder": {"peak_rss_mib": 1400.0}, "full": {"peak_rss_mib": 3000.0}},
+        "02_b": {"binder": {"peak_rss_mib": 1900.0}},
+        "03_c": {"full": {"peak_rss_mib": 5000.0}}}}
+    assert verdict(data) == ("Over the binder profile's 1.80 GiB target: 02_b; "
+                             "1 of 2 measured chapters fit it.")
+    data["results"]["02_b"]["binder"]["peak_rss_mib"] = 1843.2          # at the limit fits
+    assert verdict(data) == ("Every measured chapter (2) stays within the binder profile's "
+                             "1.80 GiB target (highest: 1.80 GiB).")
+    assert verdict({"results": {}}) == "The binder profile was not measured."

@@ -57,7 +57,22 @@ class MemoryTable(Directive):
                 f"processes it starts (summed, so shared pages count once per process), and wall "
                 f"time, each chapter in a fresh kernel with the course cache as it was: the "
                 f"shared warm start trained before, and evaluations of identical weights reused.")
-        return [_table(header, rows), nodes.paragraph(text=note)]
+        return [_table(header, rows), nodes.paragraph(text=note + " " + _verdict(data))]
+
+
+def _verdict(data: dict) -> str:
+    """One sentence: does every chapter's binder peak fit the binder profile's limit?"""
+    limit = data.get("binder_limit_mib")
+    peaks = {c: r["binder"]["peak_rss_mib"] for c, r in data.get("results", {}).items()
+             if "binder" in r}
+    if not limit or not peaks:
+        return "The binder profile was not measured."
+    over = sorted(c for c, mib in peaks.items() if mib > limit)
+    if over:
+        return (f"Over the binder profile's {limit / 1024:.2f} GiB target: {', '.join(over)}; "
+                f"{len(peaks) - len(over)} of {len(peaks)} measured chapters fit it.")
+    return (f"Every measured chapter ({len(peaks)}) stays within the binder profile's "
+            f"{limit / 1024:.2f} GiB target (highest: {max(peaks.values()) / 1024:.2f} GiB).")
 
 
 def setup(app):
