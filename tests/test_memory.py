@@ -188,13 +188,14 @@ def _memory_table_extension():
 
 def test_memory_table_says_which_chapters_are_over_the_binder_limit():
     verdict = _memory_table_extension()._verdict
-    data = {"binder_limit_mib": 1843.2, "results": {
+    limit = memory.CHAPTER_LIMIT_MIB                                     # 1.8 GiB
+    data = {"results": {
         "01_a": {"binder": {"peak_rss_mib": 1400.0}, "full": {"peak_rss_mib": 3000.0}},
         "02_b": {"binder": {"peak_rss_mib": 1900.0}},
         "03_c": {"full": {"peak_rss_mib": 5000.0}}}}
-    assert verdict(data) == ("Over the binder profile's 1.80 GiB target: 02_b; "
-                             "1 of 2 measured chapters fit it.")
-    data["results"]["02_b"]["binder"]["peak_rss_mib"] = 1843.2          # at the limit fits
-    assert verdict(data) == ("Every measured chapter (2) stays within the binder profile's "
-                             "1.80 GiB target (highest: 1.80 GiB).")
-    assert verdict({"results": {}}) == "The binder profile was not measured."
+    assert verdict(data, limit) == ("Over the binder profile's 1.80 GiB target: 02_b; "
+                                    "1 of 2 measured chapters fit it.")
+    data["results"]["02_b"]["binder"]["peak_rss_mib"] = limit           # at the limit fits
+    assert verdict(data, limit) == ("Every measured chapter (2) stays within the binder "
+                                    "profile's 1.80 GiB target (highest: 1.80 GiB).")
+    assert verdict({"results": {}}, limit) == "The binder profile was not measured."

@@ -32,7 +32,7 @@ class MemoryTable(Directive):
     has_content = False
 
     def run(self):
-        from grpo_course.memory import MEMORY_FILE as path   # the checkout's data/memory.json
+        from grpo_course.memory import CHAPTER_LIMIT_MIB, MEMORY_FILE as path   # data/memory.json
 
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -57,15 +57,14 @@ class MemoryTable(Directive):
                 f"processes it starts (summed, so shared pages count once per process), and wall "
                 f"time, each chapter in a fresh kernel with the course cache as it was: the "
                 f"shared warm start trained before, and evaluations of identical weights reused.")
-        return [_table(header, rows), nodes.paragraph(text=note + " " + _verdict(data))]
+        return [_table(header, rows), nodes.paragraph(text=note + " " + _verdict(data, CHAPTER_LIMIT_MIB))]
 
 
-def _verdict(data: dict) -> str:
-    """One sentence: does every chapter's binder peak fit the binder profile's limit?"""
-    limit = data.get("binder_limit_mib")
+def _verdict(data: dict, limit: float) -> str:
+    """One sentence: does every chapter's binder peak fit the binder profile's limit (MiB)?"""
     peaks = {c: r["binder"]["peak_rss_mib"] for c, r in data.get("results", {}).items()
              if "binder" in r}
-    if not limit or not peaks:
+    if not peaks:
         return "The binder profile was not measured."
     over = sorted(c for c, mib in peaks.items() if mib > limit)
     if over:
