@@ -99,6 +99,11 @@ class GRPOConfig:
         "help": "Sampler weights: auto (bf16 on bf16-capable CPUs) | float32 | bfloat16."})
     train_dtype: str = field(default="auto", metadata={
         "help": "GRPO training pass: auto (bf16 autocast on bf16-capable CPUs) | float32 | bfloat16."})
+    train_micro_batch: int | None = field(default=None, metadata={
+        "help": "Completions per forward/backward pass of the GRPO training pass (whole groups: "
+                "a multiple of G); none: every trained completion at once. The same update "
+                "(the loss of each pass is weighed by its share of the batch), with the "
+                "activations of fewer rows in memory at a time. TRL's gradient accumulation."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     gradient_checkpointing: bool = field(default=False, metadata={
@@ -162,6 +167,11 @@ class GRPOConfig:
             if self.generation_batch_size < self.per_step_completions:
                 raise ConfigError(f"generation_batch_size ({self.generation_batch_size}) must be at "
                                   f"least per_step_completions ({self.per_step_completions})")
+        if self.train_micro_batch is not None and (
+                self.train_micro_batch < self.num_generations
+                or self.train_micro_batch % self.num_generations):
+            raise ConfigError(f"train_micro_batch ({self.train_micro_batch}) must be a multiple of "
+                              f"num_generations ({self.num_generations}): whole groups")
         if self.report_to not in ("none", "trackio"):
             raise ConfigError(f"report_to must be none or trackio; got {self.report_to!r}")
 

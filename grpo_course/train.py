@@ -472,8 +472,8 @@ class CourseTrainer:
 
     def _update(self, batch, mask, advantages, keep, rows_kept, old, bf16: bool):
         """One optimizer update on the kept groups of ``batch``; returns its metrics and the
-        ``old_per_token_logps`` to use for the batch's later updates."""
-        cfg = self.config
+        ``old_per_token_logps`` to use for the batch's later updates (one tensor per pass)."""
+        cfg, G = self.config, self.config.num_generations
         metrics: dict[str, Any] = {"kl": 0.0, "entropy": float("nan"), "loss": 0.0,
                                    "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
                                    "clip_ratio/region_mean": 0.0}
@@ -484,31 +484,59 @@ class CourseTrainer:
                     ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
                                           batch.completion_ids, mask, cfg.temperature)
         with self._phase("forward_backward"):
-            if keep.any():
-                sub_mask = mask[rows_kept]
-                T = max(int(batch.completion_mask[rows_kept].sum(1).max()), 1)
+            # the kept groups, ``train_micro_batch // G`` per forward/backward pass (all at once
+            # by default): each pass's loss is weighed by its share of the batch and its backward
+            # runs before the next pass, so one pass's activations are in memory at a time
+            groups = keep.nonzero().squeeze(1)
+            per_pass = len(groups) if cfg.train_micro_batch is None else cfg.train_micro_batch // G
+            passes = list(groups.split(max(per_pass, 1))) if len(groups) else []
+            olds = old if old is not None else [None] * len(passes)
+            old, sums = [], {}
+            for chunk, chunk_old in zip(passes, olds):
+                in_pass = torch.zeros_like(keep)
+                in_pass[chunk] = True
+                rows = in_pass.repeat_interleave(G)
+                sub_mask = mask[rows]
+                T = max(int(batch.completion_mask[rows].sum(1).max()), 1)
                 sub_mask = sub_mask[:, :T]
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    logps, entropy = per_token_logps(self.model, batch.prompt_ids[keep],
-                                                     batch.prompt_mask[keep],
-                                                     batch.completion_ids[rows_kept, :T], sub_mask,
+                    logps, entropy = per_token_logps(self.model, batch.prompt_ids[in_pass],
+                                                     batch.prompt_mask[in_pass],
+                                                     batch.completion_ids[rows, :T], sub_mask,
                                                      cfg.temperature, return_entropy=True)
-                sampler_logps = batch.sampling_logps[rows_kept, :T]
-                if old is None:
+                sampler_logps = batch.sampling_logps[rows, :T]
+                if chunk_old is None:
                     # the sampler's log-probs are the old policy's only if it sampled at the
                     # training pass's precision; else the policy's own, before this batch's first
                     # update (TRL's choice: ratio 1 on the first update, no extra forward pass)
                     exact = not bf16 and batch.sampling_dtype == torch.float32
-                    old = sampler_logps if exact else logps.detach()
-                loss, metrics = grpo_loss(
-                    logps, old, advantages[rows_kept], sub_mask,
-                    ref_per_token_logps=None if ref is None else ref[rows_kept, :T],
+                    chunk_old = sampler_logps if exact else logps.detach()
+                old.append(chunk_old)
+                part, part_metrics = grpo_loss(
+                    logps, chunk_old, advantages[rows], sub_mask,
+                    ref_per_token_logps=None if ref is None else ref[rows, :T],
                     beta=cfg.beta, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
                     loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length)
-                loss = loss * dropped_groups_scale(cfg.loss_type, rows_kept, mask)
-                metrics["entropy"] = float((entropy * sub_mask).sum() / sub_mask.sum().clamp(min=1))
+                part = part * dropped_groups_scale(cfg.loss_type, rows, mask)
+                if part.requires_grad:
+                    part.backward()
+                n_tok = float(sub_mask.sum())
                 gap = (logps.detach() - sampler_logps).abs() * sub_mask
-                metrics["sampler_logp_gap"] = float(gap.sum() / sub_mask.sum().clamp(min=1))
+                for name, value in (("loss", float(part.detach())), ("tokens", n_tok),
+                                    ("entropy", float((entropy * sub_mask).sum())),
+                                    ("sampler_logp_gap", float(gap.sum())),
+                                    *((k, v * n_tok) for k, v in part_metrics.items()
+                                      if k != "policy_loss")):
+                    sums[name] = sums.get(name, 0.0) + value
+            if passes:
+                # token means over all passes, and the batch's loss (the sum of the weighed passes)
+                n_tok = max(sums.pop("tokens"), 1.0)
+                for name in ("clip_ratio/low_mean", "clip_ratio/high_mean",
+                             "clip_ratio/region_mean", "kl", "entropy", "sampler_logp_gap"):
+                    metrics[name] = sums.pop(name) / n_tok
+                kept_share = dropped_groups_scale(cfg.loss_type, rows_kept, mask)
+                metrics["policy_loss"] = sums["loss"] / kept_share if kept_share else 0.0
+                loss = torch.tensor(sums["loss"])
             if self.penalty is not None:
                 extra = self.penalty(self.model)
                 metrics["penalty"] = float(extra.detach())

@@ -438,6 +438,48 @@ def test_dropping_zero_variance_groups_leaves_the_update_unchanged(loss_type):
         torch.testing.assert_close(p_lazy[name], p_full[name], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_micro_batches_take_the_same_update(loss_type):
+    """Three groups (the first tied, so left out), two updates per sampled batch: trained one
+    group per forward/backward pass (``train_micro_batch=G``) or all at once, the same losses,
+    metrics and weights."""
+    from grpo_course.train import CourseTrainer
+    import datasets
+    scores = {"s": lambda completions, **kw: [1.0, 1.0, 0.0, 1.0, 1.0, 0.0][:len(completions)]}
+    data = datasets.Dataset.from_list(ROWS)
+    runs = {}
+    for micro in (None, 2):
+        cfg = GRPOConfig(num_generations=2, per_step_completions=6, max_completion_length=6,
+                         lora_r=4, lora_alpha=8, reward_weights={"s": 1.0}, learning_rate=1e-2,
+                         lora_target_modules=("q_proj", "v_proj"), loss_type=loss_type,
+                         num_iterations=2, sampling_dtype="float32", train_dtype="float32",
+                         train_micro_batch=micro)
+        trainer = CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, data, reward_funcs=scores)
+        rows = [trainer.step(trainer._rows(3 * i, 3)) for i in range(2)]
+        params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()
+                  if p.requires_grad}
+        runs[micro] = (rows, params)
+    (whole, p_whole), (parts, p_parts) = runs[None], runs[2]
+    assert [r["frac_groups_dropped"] for r in parts] == pytest.approx([1 / 3, 1 / 3])
+    lengths = [r["completion_length"] for r in whole]
+    assert lengths == [r["completion_length"] for r in parts]      # the same samples
+    for a, b in zip(whole, parts):
+        for key in ("loss", "policy_loss", "kl", "entropy", "sampler_logp_gap",
+                    "clip_ratio/region_mean"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4, abs=1e-7)
+    assert any(r["clip_ratio/region_mean"] > 0 or r["loss"] != 0 for r in whole)
+    for name in p_whole:
+        torch.testing.assert_close(p_parts[name], p_whole[name], rtol=1e-4, atol=1e-6)
+
+
+def test_train_micro_batch_is_whole_groups():
+    GRPOConfig(num_generations=4, per_step_completions=8, train_micro_batch=4)
+    for bad in (2, 6, 0):
+        with pytest.raises(ConfigError, match="train_micro_batch"):
+            GRPOConfig(num_generations=4, per_step_completions=8, train_micro_batch=bad)
+
+
 TIMING = ("step_seconds", "sampling_seconds", "tokens_per_s")
 
 
