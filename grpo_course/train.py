@@ -484,9 +484,9 @@ class CourseTrainer:
                     ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
                                           batch.completion_ids, mask, cfg.temperature)
         with self._phase("forward_backward"):
-            # the kept groups, ``train_micro_batch // G`` per forward/backward pass (all at once
-            # by default): each pass's loss is weighed by its share of the batch and its backward
-            # runs before the next pass, so one pass's activations are in memory at a time
+            # the kept groups, ``train_micro_batch // G`` (at least one) per forward/backward pass,
+            # all at once by default: each pass's loss is weighed by its share of the batch and its
+            # backward runs before the next pass, so one pass's activations are in memory at a time
             groups = keep.nonzero().squeeze(1)
             per_pass = len(groups) if cfg.train_micro_batch is None else cfg.train_micro_batch // G
             passes = list(groups.split(max(per_pass, 1))) if len(groups) else []

@@ -448,7 +448,7 @@ def test_micro_batches_take_the_same_update(loss_type):
     scores = {"s": lambda completions, **kw: [1.0, 1.0, 0.0, 1.0, 1.0, 0.0][:len(completions)]}
     data = datasets.Dataset.from_list(ROWS)
     runs = {}
-    for micro in (None, 2):
+    for micro in (None, 3):                   # 3 completions: one group of G = 2 per pass
         cfg = GRPOConfig(num_generations=2, per_step_completions=6, max_completion_length=6,
                          lora_r=4, lora_alpha=8, reward_weights={"s": 1.0}, learning_rate=1e-2,
                          lora_target_modules=("q_proj", "v_proj"), loss_type=loss_type,
@@ -459,7 +459,7 @@ def test_micro_batches_take_the_same_update(loss_type):
         params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()
                   if p.requires_grad}
         runs[micro] = (rows, params)
-    (whole, p_whole), (parts, p_parts) = runs[None], runs[2]
+    (whole, p_whole), (parts, p_parts) = runs[None], runs[3]
     assert [r["frac_groups_dropped"] for r in parts] == pytest.approx([1 / 3, 1 / 3])
     lengths = [r["completion_length"] for r in whole]
     assert lengths == [r["completion_length"] for r in parts]      # the same samples
@@ -473,9 +473,10 @@ def test_micro_batches_take_the_same_update(loss_type):
         torch.testing.assert_close(p_parts[name], p_whole[name], rtol=1e-4, atol=1e-6)
 
 
-def test_train_micro_batch_is_whole_groups():
-    GRPOConfig(num_generations=4, per_step_completions=8, train_micro_batch=4)
-    for bad in (2, 6, 0):
+def test_train_micro_batch_is_at_least_one():
+    for fine in (1, 4, 6, 64):            # rounded down to whole groups, at least one, per pass
+        GRPOConfig(num_generations=4, per_step_completions=8, train_micro_batch=fine)
+    for bad in (0, -4):
         with pytest.raises(ConfigError, match="train_micro_batch"):
             GRPOConfig(num_generations=4, per_step_completions=8, train_micro_batch=bad)
 
