@@ -452,6 +452,11 @@ PROFILES: dict[str, Profile] = {
                         train_micro_batch=8, **GRPO_LEVERS),
         n_inspect=7473, n_demo=3, reward_prompts=8, reward_max_new_tokens=160,
         trl_micro_batch=8,
+        # chapter 7: the step under torch.profiler trains one group (it keeps every event in
+        # memory), and the all-position-logits pass takes one group too ([8, L, vocab] fp32 logits
+        # and their gradient; the whole batch's raised the kernel by 7.6 GiB)
+        prof_trace_step={"per_step_completions": 8, "generation_batch_size": None},
+        prof_logits_completions=8,
         extra={},
     ),
 }
