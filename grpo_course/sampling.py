@@ -275,11 +275,11 @@ class FastLlama:
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             self.k[i][:, :, :L] = k.repeat_interleave(repeat, 0)
             self.v[i][:, :, :L] = v.repeat_interleave(repeat, 0)
-            self.written = L
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
             h = h + F.linear(a.transpose(1, 2).reshape(P, L, H * D), wo)
             g, u = F.linear(n2(h), wgu).split(self.inter, -1)
             h = h + F.linear(F.silu(g) * u, wd)
+        self.written = L
         last = self.norm(h[:, -1])
         return F.linear(last, self.lm_head).float().repeat_interleave(repeat, 0)
 
@@ -308,7 +308,6 @@ class FastLlama:
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             self.k[i][:, :, t] = k[:, 0]
             self.v[i][:, :, t] = v[:, 0]
-            self.written = t + 1
             # grouped-query attention: the H/K query heads of a KV head act as K query rows
             q = q.view(B, K, H // K, D)
             a = F.scaled_dot_product_attention(q, self.k[i][:, :, :t + 1], self.v[i][:, :, :t + 1],
@@ -316,6 +315,7 @@ class FastLlama:
             h = h + _linear(a.reshape(B, H * D), wo, p_o)
             g, u = _linear(n2(h), wgu, p_gu).split(self.inter, -1)
             h = h + _linear(F.silu(g) * u, wd, p_d)
+        self.written = t + 1
         if self.packed_head is not None:
             return _linear(self.norm(h), self.lm_head, self.packed_head).float()
         # [V, d] @ [d, B]: the vocabulary as the long side is ~1.5x faster than F.linear at small B

@@ -103,9 +103,10 @@ def correct_completions(per_func: dict[str, torch.Tensor]) -> int | None:
 
 def dropped_groups_scale(loss_type: str, rows_kept: torch.Tensor,
                          completion_mask: torch.Tensor) -> float:
-    """Factor that turns a loss computed on the kept rows into the loss of the whole batch
-    when the dropped rows contribute exactly 0 (advantage 0, beta 0): the ``grpo`` and
-    ``dr_grpo`` means divide by the number of sequences, ``bnpo``/``dapo`` by real tokens."""
+    """Factor that turns a loss computed on the rows ``rows_kept`` alone into their share of the
+    whole batch's loss: the ``grpo`` and ``dr_grpo`` means divide by the number of sequences,
+    ``bnpo``/``dapo`` by real tokens. Used for groups left out because they contribute exactly
+    0 (advantage 0, beta 0), and for each forward/backward pass of ``train_micro_batch``."""
     if loss_type in ("grpo", "dr_grpo"):
         return float(rows_kept.sum()) / rows_kept.numel()
     return float(completion_mask[rows_kept].sum()) / max(float(completion_mask.sum()), 1.0)

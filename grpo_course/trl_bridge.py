@@ -349,7 +349,8 @@ def train_with_trl(cfg: GRPOConfig, output_dir: str | os.PathLike, model=None, t
         train_dataset = trl_dataset("train", n=n, offset=cfg.train_offset)
     funcs, _ = reward_funcs_from_course(cfg)
     model.train()
-    # the binder profile: the heap is trimmed after each step, as the course trainer does
+    # in low-memory mode (the binder profile) the heap is trimmed after each step, as the course
+    # trainer does; elsewhere the callback does nothing
     callbacks = [*(callbacks or []), trim_heap_callback()]
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
                           train_dataset=train_dataset, processing_class=tokenizer,
