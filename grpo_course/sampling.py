@@ -197,6 +197,21 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) 
     return F.linear(x, weight)
 
 
+def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      bias: torch.Tensor) -> torch.Tensor:
+    """Attention of one new position per row: ``q`` [B, K, H/K, D] over the cache slices ``k``,
+    ``v`` [B, K, S, D], ``bias`` [B, 1, 1, S] (0 or -inf); scores and softmax in fp32. Two
+    batched matrix products: at one query position they are 2-3x faster than the fused (flash)
+    kernel, which is built for long query blocks."""
+    B, K, R, D = q.shape
+    # the cache slices as contiguous [B*K, S, D]: a bf16 ``bmm`` of a strided slice copies it
+    # itself, ~5x slower than one explicit copy
+    k3, v3 = k.flatten(0, 1).contiguous(), v.flatten(0, 1).contiguous()
+    scores = torch.bmm(q.reshape(B * K, R, D), k3.transpose(1, 2)).view(B, K, R, -1)
+    scores = scores.float().mul_(D ** -0.5).add_(bias).softmax(-1).to(v.dtype)
+    return torch.bmm(scores.flatten(0, 1), v3).view(B, K, R, D)
+
+
 class FastLlama:
     """A weight snapshot of a Llama model with a preallocated KV cache, for sampling."""
 
@@ -300,7 +315,8 @@ class FastLlama:
         h = F.embedding(tokens, self.embed).to(self.dtype)         # [B, d]
         cos, sin = (c.to(self.dtype) for c in self.rotary(h[:, None].float(), positions[:, None]))
         cos, sin = cos[:, :, None], sin[:, :, None]
-        attn_mask = keep[:, None, None, :]
+        # the mask as an additive bias, made once for all layers
+        bias = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))[:, None, None, :]
         for i, (n1, wqkv, wo, n2, wgu, wd) in enumerate(self.layers):
             p_qkv, p_o, p_gu, p_d = self.packed[i]
             qkv = _linear(n1(h), wqkv, p_qkv).view(B, 1, H + 2 * K, D)
@@ -310,8 +326,7 @@ class FastLlama:
             self.v[i][:, :, t] = v[:, 0]
             # grouped-query attention: the H/K query heads of a KV head act as K query rows
             q = q.view(B, K, H // K, D)
-            a = F.scaled_dot_product_attention(q, self.k[i][:, :, :t + 1], self.v[i][:, :, :t + 1],
-                                               attn_mask=attn_mask)
+            a = _decode_attention(q, self.k[i][:, :, :t + 1], self.v[i][:, :, :t + 1], bias)
             h = h + _linear(a.reshape(B, H * D), wo, p_o)
             g, u = _linear(n2(h), wgu, p_gu).split(self.inter, -1)
             h = h + _linear(F.silu(g) * u, wd, p_d)
