@@ -46,7 +46,8 @@ from .config import ConfigError, GRPOConfig, save_run_config
 from .data import chat_prompts, sft_text
 from .errors import CourseError, RewardError, report
 from .memory import low_memory, trim_heap
-from .grpo import group_advantages, grpo_loss, per_token_logps, zero_std_groups
+from .grpo import (course_attention, group_advantages, grpo_loss, per_token_logps,
+                   zero_std_groups)
 from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
@@ -481,10 +482,12 @@ class CourseTrainer:
         loss = ref = None
         with self._phase("logprobs"):
             if cfg.beta != 0.0 and keep.any():
-                with torch.no_grad(), self._reference():
+                with torch.no_grad(), self._reference(), course_attention(self.model):
                     ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
                                           batch.completion_ids, mask, cfg.temperature)
-        with self._phase("forward_backward"):
+        # the written-out attention, in the backward pass too (activation checkpointing recomputes
+        # the forward there)
+        with self._phase("forward_backward"), course_attention(self.model):
             # the kept groups, ``train_micro_batch // G`` (at least one) per forward/backward pass,
             # all at once by default: each pass's loss is weighed by its share of the batch and its
             # backward runs before the next pass, so one pass's activations are in memory at a time

@@ -186,6 +186,36 @@ def test_chunked_logps_give_the_full_logits_gradient(monkeypatch):
         torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shared_prompt", [True, False])
+def test_course_attention_gives_sdpas_logps_and_gradients(shared_prompt):
+    """The written-out grouped-query attention of the training pass: the same log-probs and
+    gradients as transformers' SDPA, with left padding, and with the prompt's cache shared."""
+    from grpo_course.grpo import course_attention
+    model, tok = tiny_model(), tiny_tokenizer()
+    enc = tok(["<s>what is 2+3?<s>", "<s>7*8<s>"], return_tensors="pt", padding=True)
+    assert (enc["attention_mask"] == 0).any()         # one prompt is left-padded
+    G = 2
+    comp = torch.randint(4, 50, (2 * G, 6), generator=torch.Generator().manual_seed(3))
+    cmask = torch.ones(2 * G, 6, dtype=torch.long)
+    cmask[1, 4:] = 0
+    ids, am = enc["input_ids"], enc["attention_mask"]
+    if not shared_prompt:
+        ids, am = ids.repeat_interleave(G, 0), am.repeat_interleave(G, 0)
+    results = []
+    for written_out in (False, True):
+        model.zero_grad()
+        with course_attention(model, enabled=written_out):
+            assert model.config._attn_implementation == ("course_gqa" if written_out else "sdpa")
+            logps = per_token_logps(model, ids, am, comp, cmask, 0.8)
+        (logps * cmask * torch.linspace(-1, 1, logps.numel()).view_as(logps)).sum().backward()
+        results.append((logps.detach(), [p.grad.clone() for p in model.parameters()]))
+    assert model.config._attn_implementation == "sdpa"       # put back
+    (a, ga), (b, gb) = results
+    torch.testing.assert_close(a[cmask == 1], b[cmask == 1], atol=1e-5, rtol=1e-5)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+
+
 def test_sampling_logps_match_training_logps():
     from grpo_course.sampling import sample_completions
     model, tok = tiny_model(), tiny_tokenizer()
