@@ -482,12 +482,13 @@ class CourseTrainer:
         loss = ref = None
         with self._phase("logprobs"):
             if cfg.beta != 0.0 and keep.any():
-                with torch.no_grad(), self._reference(), course_attention(self.model):
+                with torch.no_grad(), self._reference(), course_attention(self.model,
+                                                                          not low_memory()):
                     ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
                                           batch.completion_ids, mask, cfg.temperature)
         # the written-out attention, in the backward pass too (activation checkpointing recomputes
-        # the forward there)
-        with self._phase("forward_backward"), course_attention(self.model):
+        # the forward there); not in low-memory mode, where the fused kernel keeps less for backward
+        with self._phase("forward_backward"), course_attention(self.model, not low_memory()):
             # the kept groups, ``train_micro_batch // G`` (at least one) per forward/backward pass,
             # all at once by default: each pass's loss is weighed by its share of the batch and its
             # backward runs before the next pass, so one pass's activations are in memory at a time

@@ -332,3 +332,23 @@ def test_fork_shares_frozen_weights_and_trains_on_its_own():
     assert all(torch.equal(a, b) for a, b in zip(before, lora(trainer)))          # the original is untouched
     assert any(not torch.equal(a, b) for a, b in zip(before, lora(fork)))
     assert trainer.global_step == 0 and fork.global_step == 1
+
+
+# ---------------------------------------------------------------- the training pass's attention
+@pytest.mark.parametrize("low", [False, True])
+def test_training_pass_attention_is_written_out_except_in_low_memory_mode(monkeypatch, low):
+    """The GRPO training pass runs grouped_query_attention (faster on a CPU at these lengths),
+    and the fused kernel in low-memory mode (it keeps less for the backward pass); the model's
+    own setting is back afterwards."""
+    import grpo_course.grpo as grpo_module
+    from grpo_course import memory
+    monkeypatch.setattr(memory, "_low_memory", low)
+    monkeypatch.setenv(memory.LOW_MEMORY_ENV, "1" if low else "0")
+    calls = []
+    written_out = grpo_module.grouped_query_attention
+    monkeypatch.setattr(grpo_module, "grouped_query_attention",
+                        lambda *a, **k: calls.append(1) or written_out(*a, **k))
+    trainer = _trainer(rows=ROWS[:2])
+    assert trainer.step()["grad_norm"] > 0
+    assert bool(calls) is not low
+    assert trainer.model.config._attn_implementation == "sdpa"
