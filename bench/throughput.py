@@ -144,6 +144,7 @@ def fastest_run(runs: dict[str, dict]) -> str | None:
 def settings() -> dict:
     """Every setting of both trainers that the benchmark does not vary."""
     from grpo_course.config import GRPOConfig
+    from grpo_course.memory import ONEDNN_CACHES
     from grpo_course.sampling import resolve_sampling_dtype
     from grpo_course.trl_bridge import FIXED_TRL_FIELDS
 
@@ -153,7 +154,9 @@ def settings() -> dict:
                      "train_dtype": resolved(cfg.train_dtype), "use_lora": cfg.use_lora,
                      "lora_r": cfg.lora_r, "loss_type": cfg.loss_type, "beta": cfg.beta,
                      "num_iterations": 1, "learning_rate": cfg.learning_rate},
-            "trl": {k: v for k, v in FIXED_TRL_FIELDS.items() if not callable(v)}}
+            "trl": {k: v for k, v in FIXED_TRL_FIELDS.items() if not callable(v)},
+            # both workers import grpo_course, which caps oneDNN's kernel caches in their process
+            "both": {name: os.environ.get(name) for name in ONEDNN_CACHES}}
 
 
 def spawn(args: list[str], timeout: float) -> dict:

@@ -199,3 +199,17 @@ def test_memory_table_says_which_chapters_are_over_the_binder_limit():
     assert verdict(data, limit) == ("Every measured chapter (2) stays within the binder "
                                     "profile's 1.80 GiB target (highest: 1.80 GiB).")
     assert verdict({"results": {}}, limit) == "The binder profile was not measured."
+
+
+def test_importing_the_package_caps_onednn_kernel_caches():
+    """Every process that imports grpo_course caps oneDNN's kernel caches (a value the environment
+    already sets is kept)."""
+    code = ("import os, grpo_course; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], "
+            "os.environ['LRU_CACHE_CAPACITY'])")
+    env = {k: v for k, v in os.environ.items() if k not in memory.ONEDNN_CACHES}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == [memory.ONEDNN_CACHES["ONEDNN_PRIMITIVE_CACHE_CAPACITY"],
+                                  memory.ONEDNN_CACHES["LRU_CACHE_CAPACITY"]]
+    env["LRU_CACHE_CAPACITY"] = "512"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split()[1] == "512"
