@@ -99,8 +99,8 @@ def grouped_query_attention(module, query: torch.Tensor, key: torch.Tensor, valu
     shared by H/K query heads, read in place instead of repeated H/K times), ``attention_mask``
     a boolean [B, 1, L, S] (True = may attend). The probabilities stay in the query's dtype,
     so the backward pass keeps one [B, H, L, S] tensor per layer. For the training pass on a
-    CPU, where sequences are a few hundred tokens: there its backward is ~1.3x faster than the
-    fused (flash) kernel's."""
+    CPU, where sequences are a few hundred tokens: a bench-sized update (G=4, 8 x 128 tokens, bf16)
+    took 2.23 s with it and 2.65 s with the fused (flash) kernel."""
     B, H, L, D = query.shape
     K, S = key.shape[1], key.shape[2]
     q = (query * scaling).reshape(B, K, H // K * L, D)

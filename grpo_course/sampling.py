@@ -201,8 +201,8 @@ def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       bias: torch.Tensor) -> torch.Tensor:
     """Attention of one new position per row: ``q`` [B, K, H/K, D] over the cache slices ``k``,
     ``v`` [B, K, S, D], ``bias`` [B, 1, 1, S] (0 or -inf); scores and softmax in fp32. Two
-    batched matrix products: at one query position they are 2-3x faster than the fused (flash)
-    kernel, which is built for long query blocks."""
+    batched matrix products: at one query position they beat the fused (flash) kernel, which is
+    built for long query blocks (a 32-row decode step took 32.7 ms with them, 39.4 ms with it)."""
     B, K, R, D = q.shape
     # the cache slices as contiguous [B*K, S, D]: a bf16 ``bmm`` of a strided slice copies it
     # itself, ~5x slower than one explicit copy
