@@ -110,7 +110,6 @@ def use_low_memory() -> bool:
     _low_memory = True
     os.environ[LOW_MEMORY_ENV] = "1"              # processes started from here on inherit the mode
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")   # (glibc reads this one at start-up)
-    cap_kernel_caches()                           # (done at import too)
     _free_after_every_cell()
     return return_freed_memory()
 

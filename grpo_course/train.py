@@ -480,15 +480,15 @@ class CourseTrainer:
                                    "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
                                    "clip_ratio/region_mean": 0.0}
         loss = ref = None
-        with self._phase("logprobs"):
-            if cfg.beta != 0.0 and keep.any():
-                with torch.no_grad(), self._reference(), course_attention(self.model,
-                                                                          not low_memory()):
-                    ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
-                                          batch.completion_ids, mask, cfg.temperature)
         # the written-out attention, in the backward pass too (activation checkpointing recomputes
         # the forward there); not in low-memory mode, where the fused kernel keeps less for backward
-        with self._phase("forward_backward"), course_attention(self.model, not low_memory()):
+        written_out = not low_memory()
+        with self._phase("logprobs"):
+            if cfg.beta != 0.0 and keep.any():
+                with torch.no_grad(), self._reference(), course_attention(self.model, written_out):
+                    ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
+                                          batch.completion_ids, mask, cfg.temperature)
+        with self._phase("forward_backward"), course_attention(self.model, written_out):
             # the kept groups, ``train_micro_batch // G`` (at least one) per forward/backward pass,
             # all at once by default: each pass's loss is weighed by its share of the batch and its
             # backward runs before the next pass, so one pass's activations are in memory at a time
