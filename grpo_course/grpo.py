@@ -143,6 +143,44 @@ def course_attention(model, enabled: bool = True):
         config._attn_implementation = "sdpa"
 
 
+def _cast_to_autocast_dtype(module, args, output):
+    if isinstance(output, torch.Tensor) and torch.is_autocast_enabled("cpu"):
+        return output.to(torch.get_autocast_dtype("cpu"))
+    return None
+
+
+@contextlib.contextmanager
+def norms_cast_once(model, enabled: bool = True):
+    """Under autocast, hand each RMSNorm's output on in the autocast dtype for a while.
+
+    Autocast casts the input of every matrix product it runs: a decoder layer's normed hidden
+    state feeds q, k and v (and, with LoRA, each one's ``lora_A``), so it is cast to bf16 six
+    times, and each copy is kept for the backward pass; the MLP's input four times. Cast at the
+    norm, it is cast once: the same values, fewer kernels and a fifth of the saved copies (the
+    gradients of its consumers then add up in bf16 before the cast back to fp32). peft's own
+    cast of a LoRA layer's input to its fp32 ``lora_A`` weight is off meanwhile."""
+    if not enabled:
+        yield
+        return
+    handles = [m.register_forward_hook(_cast_to_autocast_dtype)
+               for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    try:
+        # peft casts a LoRA layer's input to its (fp32) lora_A weight: that would undo the cast
+        with _peft_input_casts_off(model):
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _peft_input_casts_off(model):
+    try:
+        from peft.helpers import disable_input_dtype_casting
+    except ImportError:
+        return contextlib.nullcontext()
+    return disable_input_dtype_casting(model)
+
+
 def uses_activation_checkpointing(model) -> bool:
     """Whether ``model`` recomputes activations in its backward pass (transformers 5 calls it
     activation checkpointing; the old name still works there, with a deprecation warning)."""
@@ -170,7 +208,7 @@ def per_token_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     if B % P:
         raise ValueError(f"{B} completions do not split over {P} prompts")
     G = B // P
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    decoder, head = model.get_decoder(), _output_layer(model)
     prompt_mask = prompt_mask.to(completion_mask.dtype)
     if uses_activation_checkpointing(model) and model.training:
         # activation checkpointing recomputes each layer in the backward pass, which a key/value
@@ -186,6 +224,22 @@ def per_token_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                                   softcap=getattr(model.config, "final_logit_softcapping", None))
     logps = logps.view(B, T)
     return (logps, entropy.view(B, T)) if return_entropy else logps
+
+
+def _output_layer(model):
+    """The output layer; under autocast, when its weight is frozen in fp32 (the bundled model's,
+    tied to the embedding), a product with one bf16 copy of it: autocast would cast the weight
+    for every chunk of logits, and again for every chunk recomputed in the backward pass."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if not (type(head) is torch.nn.Linear and head.bias is None
+            and torch.is_autocast_enabled("cpu") and not weight.requires_grad):
+        return head
+    dtype = torch.get_autocast_dtype("cpu")
+    if weight.dtype == dtype:
+        return head
+    weight = weight.detach().to(dtype)
+    return lambda h: torch.nn.functional.linear(h, weight)
 
 
 def _hidden_without_cache(decoder, prompt_ids, prompt_mask, completion_ids, completion_mask):

@@ -46,8 +46,9 @@ from .config import ConfigError, GRPOConfig, save_run_config
 from .data import chat_prompts, sft_text
 from .errors import CourseError, RewardError, report
 from .memory import low_memory, trim_heap
-from .grpo import (course_attention, group_advantages, grpo_loss, per_token_logps,
-                   zero_std_groups)
+from .precision import frozen_linear_weights_as, hold_frozen_weights_in
+from .grpo import (course_attention, group_advantages, grpo_loss, norms_cast_once,
+                   per_token_logps, zero_std_groups)
 from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
@@ -127,30 +128,6 @@ def add_lora(model, config: GRPOConfig):
         return get_peft_model(model, lora)
 
 
-@contextlib.contextmanager
-def frozen_linear_weights_as(model: torch.nn.Module, dtype: torch.dtype | None):
-    """Hold the frozen ``nn.Linear`` weights (a LoRA model's base) in ``dtype`` for a while.
-
-    Under bf16 autocast every matrix product casts its fp32 weight to bf16 on each call,
-    forward and backward; frozen weights never change, so one cast up front does the same
-    work once. Weights that train (and the tied embedding/``lm_head``) stay as they are;
-    the fp32 originals are put back on exit, bit for bit."""
-    saved = []
-    if dtype is not None:
-        tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
-        for module in model.modules():
-            w = getattr(module, "weight", None)
-            if (isinstance(module, torch.nn.Linear) and isinstance(w, torch.Tensor)
-                    and not w.requires_grad and id(w) not in tied and w.dtype != dtype):
-                saved.append((w, w.data))
-                w.data = w.data.to(dtype)
-    try:
-        yield
-    finally:
-        for w, data in saved:
-            w.data = data
-
-
 def _atomic_dir(path: Path, write: Callable[[Path], None]) -> Path:
     """Run ``write(tmp)`` into a temporary folder beside ``path``, then rename it into place
     (:func:`grpo_course.atomic.atomic_write`: the old folder survives any failure)."""
@@ -170,6 +147,10 @@ class CourseTrainer:
         self.config, self.tokenizer, self.dataset = config, tokenizer, train_dataset
         torch.manual_seed(config.seed)
         self.model = add_lora(model, config) if config.use_lora else model
+        if self._train_in_bf16() and self._sft_in_bf16():
+            # every pass that trains runs under bf16 autocast: hold the frozen base in bf16 for
+            # good (half its bytes; TRL's bf16 weights), not in fp32 plus a bf16 copy per step
+            hold_frozen_weights_in(self.model, torch.bfloat16)
         if config.gradient_checkpointing:    # only in train mode: the sampler (eval mode) keeps its cache
             if hasattr(self.model, "activation_checkpointing_enable"):     # transformers 5's name
                 self.model.activation_checkpointing_enable(
@@ -488,7 +469,8 @@ class CourseTrainer:
                 with torch.no_grad(), self._reference(), course_attention(self.model, written_out):
                     ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
                                           batch.completion_ids, mask, cfg.temperature)
-        with self._phase("forward_backward"), course_attention(self.model, written_out):
+        with self._phase("forward_backward"), course_attention(self.model, written_out), \
+                norms_cast_once(self.model, bf16):
             # the kept groups, ``train_micro_batch // G`` (at least one) per forward/backward pass,
             # all at once by default: each pass's loss is weighed by its share of the batch and its
             # backward runs before the next pass, so one pass's activations are in memory at a time

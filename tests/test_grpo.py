@@ -367,15 +367,20 @@ def test_frozen_linear_weights_cast_once_and_restored_bit_for_bit():
         assert p.dtype == torch.float32 and torch.equal(p, before[n]), n
 
 
-def test_sft_trains_only_the_adapter_and_keeps_fp32_base():
+@pytest.mark.parametrize("train_dtype", ["float32", "bfloat16"])
+def test_sft_trains_only_the_adapter_and_keeps_the_base(train_dtype):
+    """The warm-up in bf16 leaves the base as it was: fp32 when the GRPO pass trains in fp32,
+    held in bf16 from the start when both train in bf16 (:mod:`grpo_course.precision`)."""
     trainer = _trainer(sft_steps=2, sft_batch_size=2, sft_learning_rate=5e-2, max_steps=0,
-                       sft_dtype="bfloat16")
+                       sft_dtype="bfloat16", train_dtype=train_dtype)
     base = {n: p.detach().clone() for n, p in trainer.model.named_parameters()
             if not p.requires_grad}
+    assert base["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"].dtype == \
+        getattr(torch, train_dtype)
     trainer.train()
     for n, p in trainer.model.named_parameters():
         if n in base:
-            assert p.dtype == torch.float32 and torch.equal(p, base[n]), n
+            assert p.dtype == base[n].dtype and torch.equal(p, base[n]), n
 
 
 def test_interrupt_saves_checkpoint(tmp_path):

@@ -1,0 +1,150 @@
+"""Where the training pass keeps its precision: a bf16 frozen base, norms cast once, the output
+layer cast once; each against the plain autocast path it replaces."""
+from __future__ import annotations
+
+import torch
+
+from grpo_course.config import GRPOConfig
+from grpo_course.grpo import _output_layer, norms_cast_once, per_token_logps
+from grpo_course.precision import (FrozenLowPrecisionLinear, frozen_linear_weights_as,
+                                   hold_frozen_weights_in)
+from grpo_course.train import add_lora
+from tests.test_grpo import _trainer
+from tests.test_sampling import tiny_model, tiny_tokenizer
+
+TARGETS = ("q_proj", "v_proj", "up_proj")
+
+
+def _lora_model(seed: int = 0):
+    model = add_lora(tiny_model(seed), GRPOConfig(lora_target_modules=TARGETS, lora_r=4,
+                                                  lora_alpha=8))
+    with torch.no_grad():       # non-zero adapters, so that they change the outputs
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def _batch():
+    tok = tiny_tokenizer()
+    enc = tok(["<s>what is 2+3?<s>", "<s>7*8<s>"], return_tensors="pt", padding=True)
+    comp = torch.randint(4, 50, (4, 6), generator=torch.Generator().manual_seed(3))
+    cmask = torch.ones(4, 6, dtype=torch.long)
+    cmask[1, 4:] = 0
+    return enc["input_ids"], enc["attention_mask"], comp, cmask
+
+
+def _logps_and_grads(model, batch, *contexts):
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for ctx in contexts:
+            ctx.__enter__()
+        try:
+            logps = per_token_logps(model, *batch)
+        finally:
+            for ctx in reversed(contexts):
+                ctx.__exit__(None, None, None)
+    (logps * batch[3] * torch.linspace(-1, 1, logps.numel()).view_as(logps)).sum().backward()
+    return logps.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                            if p.requires_grad}
+
+
+def test_frozen_base_held_in_bf16_for_good():
+    model = _lora_model()
+    keys = set(model.state_dict())
+    n = hold_frozen_weights_in(model, torch.bfloat16)
+    layer = model.base_model.model.model.layers[0]
+    assert n == 2 * 7                                   # every frozen Linear of the 2 layers
+    assert layer.self_attn.q_proj.base_layer.weight.dtype == torch.bfloat16
+    assert isinstance(layer.self_attn.q_proj.base_layer, FrozenLowPrecisionLinear)
+    assert isinstance(layer.mlp.down_proj, FrozenLowPrecisionLinear)   # no adapter: frozen too
+    for name, p in model.named_parameters():
+        if p.requires_grad or "embed" in name or "norm" in name:     # adapters, tied embedding
+            assert p.dtype == torch.float32, name
+    assert set(model.state_dict()) == keys                           # same keys: saves as before
+    assert hold_frozen_weights_in(model, torch.bfloat16) == 0        # nothing left to convert
+
+
+def test_bf16_base_trains_like_a_per_step_bf16_copy():
+    """Under autocast the bf16 base gives the log-probs and gradients of the fp32 base with its
+    weights cast once per step (:func:`frozen_linear_weights_as`), bit for bit."""
+    batch = _batch()
+    per_step = _lora_model()
+    a, ga = _logps_and_grads(per_step, batch, frozen_linear_weights_as(per_step, torch.bfloat16))
+    held = _lora_model()
+    hold_frozen_weights_in(held, torch.bfloat16)
+    b, gb = _logps_and_grads(held, batch)
+    assert torch.equal(a, b)
+    for name in ga:
+        assert torch.equal(ga[name], gb[name]), name
+
+
+def test_bf16_base_runs_fp32_inputs_outside_autocast():
+    """Outside autocast (evaluation, the reference pass, the Fisher pass) a converted layer takes
+    the fp32 activations, computes in bf16 and hands fp32 back: close to the fp32 model."""
+    batch = _batch()
+    fp32 = _lora_model()
+    held = _lora_model()
+    hold_frozen_weights_in(held, torch.bfloat16)
+    with torch.no_grad():
+        a = per_token_logps(fp32, *batch)
+        b = per_token_logps(held, *batch)
+        logits = held(input_ids=batch[0], attention_mask=batch[1]).logits
+    assert b.dtype == logits.dtype == torch.float32
+    m = batch[3] == 1
+    assert not torch.equal(a[m], b[m])                                   # it did use bf16
+    torch.testing.assert_close(a[m], b[m], atol=0.05, rtol=0.02)
+
+
+def test_trainer_holds_its_base_in_bf16_only_when_every_pass_trains_in_bf16():
+    def base_dtype(trainer):
+        return trainer.model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight.dtype
+    bf16 = _trainer(train_dtype="bfloat16", sft_dtype="bfloat16", beta=0.05, max_steps=1)
+    assert base_dtype(bf16) == torch.bfloat16
+    row = bf16.train()[-1]                   # beta > 0: a reference pass outside autocast too
+    assert row["train_dtype"] == "bfloat16" and row["kl"] >= 0.0
+    assert base_dtype(_trainer(train_dtype="float32", sft_dtype="bfloat16")) == torch.float32
+    assert base_dtype(_trainer(train_dtype="bfloat16", sft_dtype="float32")) == torch.float32
+
+
+def test_norms_cast_once_same_logps_and_close_gradients():
+    """Casting each RMSNorm's output once gives the same log-probs as autocast's cast per
+    consumer (the same values reach every product), and gradients that differ only by their sum
+    in bf16; the hooks and peft's input cast are back after it."""
+    batch = _batch()
+    model = _lora_model()
+    seen = []
+    q = model.base_model.model.model.layers[0].self_attn.q_proj
+    handle = q.lora_A["default"].register_forward_pre_hook(lambda m, a: seen.append(a[0].dtype))
+    a, ga = _logps_and_grads(model, batch)
+    b, gb = _logps_and_grads(model, batch, norms_cast_once(model))
+    c, _ = _logps_and_grads(model, batch, norms_cast_once(model, enabled=False))
+    handle.remove()
+    # two calls a pass (the prompts, then the completions on their cache): cast at the norm, then not
+    assert seen == [torch.float32] * 2 + [torch.bfloat16] * 2 + [torch.float32] * 2
+    assert torch.equal(a, b) and torch.equal(a, c)
+    for name in ga:
+        torch.testing.assert_close(ga[name], gb[name], atol=2e-3, rtol=2e-2)
+    assert q.cast_input_dtype_enabled                              # peft's own cast is back
+
+
+def test_output_layer_cast_once_under_autocast():
+    """The frozen fp32 output layer (tied to the embedding) is cast to bf16 once per call under
+    autocast: the same log-probs and gradients as autocast casting it for every chunk."""
+    import grpo_course.grpo as grpo
+    model = _lora_model()
+    head = model.get_output_embeddings()
+    assert _output_layer(model) is head                                # no autocast: as it is
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _output_layer(model) is not head
+    batch = _batch()
+    a, ga = _logps_and_grads(model, batch)
+    original = grpo._output_layer
+    grpo._output_layer = lambda m: m.get_output_embeddings()
+    try:
+        b, gb = _logps_and_grads(model, batch)
+    finally:
+        grpo._output_layer = original
+    assert torch.equal(a, b)
+    for name in ga:
+        assert torch.equal(ga[name], gb[name]), name
