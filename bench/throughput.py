@@ -10,7 +10,8 @@ then ``--steps`` timed steps on the same GSM8K train prompts, with the same mode
 ``ours`` is the trainer as shipped: with beta = 0 it leaves groups whose rewards are all
 equal out of the training pass (their gradient is exactly 0; the update is unchanged).
 ``ours_all_groups`` runs the training pass on every group, i.e. the same FLOPs as TRL;
-the sweep (cost curve) uses that mode. Each trainer uses its own precision: the course
+the sweep (cost curve) uses that mode. The course trainer runs one group per forward/backward
+pass, as chapter 3's full profile does. Each trainer uses its own precision: the course
 trainer's ``auto`` (bf16 sampling and training pass where the CPU has native bf16, fp32
 elsewhere). TRL is timed in every precision mode of ``TRL_MODES`` (fp32, bf16 autocast, bf16
 weights + autocast) without activation checkpointing, then its fastest mode again with
@@ -41,9 +42,13 @@ from grpo_course.hardware import available_cores, bench_facts, peak_rss_mib  # n
 
 
 def bench_config(G: int, completions: int, length: int):
+    """The course trainer's settings: its defaults, with one group per forward/backward pass as
+    chapter 3's full profile trains (the same update; the activations of G completions in memory
+    at a time, not of the whole step's)."""
     from grpo_course.config import GRPOConfig
     return GRPOConfig(num_generations=G, per_step_completions=completions,
-                      max_completion_length=length, sft_steps=0, max_steps=1, seed=0)
+                      max_completion_length=length, sft_steps=0, max_steps=1, seed=0,
+                      train_micro_batch=G)
 
 
 def summarize(seconds: list[float], tokens: list[int], completions: int) -> dict:
@@ -150,8 +155,12 @@ def settings() -> dict:
 
     cfg = GRPOConfig()
     resolved = lambda name: str(resolve_sampling_dtype(name) or "torch.float32")
+    train_dtype = resolved(cfg.train_dtype)
     return {"ours": {"sampling_dtype": resolved(cfg.sampling_dtype),
-                     "train_dtype": resolved(cfg.train_dtype), "use_lora": cfg.use_lora,
+                     "train_dtype": train_dtype, "use_lora": cfg.use_lora,
+                     # a bf16 training pass holds the frozen base in bf16 (grpo_course.precision)
+                     "frozen_base_dtype": train_dtype,
+                     "train_micro_batch": "G (one group per forward/backward pass)",
                      "lora_r": cfg.lora_r, "loss_type": cfg.loss_type, "beta": cfg.beta,
                      "num_iterations": 1, "learning_rate": cfg.learning_rate},
             "trl": {k: v for k, v in FIXED_TRL_FIELDS.items() if not callable(v)},
