@@ -156,9 +156,10 @@ def norms_cast_once(model, enabled: bool = True):
     Autocast casts the input of every matrix product it runs: a decoder layer's normed hidden
     state feeds q, k and v (and, with LoRA, each one's ``lora_A``), so it is cast to bf16 six
     times, and each copy is kept for the backward pass; the MLP's input four times. Cast at the
-    norm, it is cast once: the same values, fewer kernels and a fifth of the saved copies (the
-    gradients of its consumers then add up in bf16 before the cast back to fp32). peft's own
-    cast of a LoRA layer's input to its fp32 ``lora_A`` weight is off meanwhile."""
+    norm, it is cast once: the same values, fewer kernels, one saved copy (a bench-sized update,
+    G=4 and 8 x 127 tokens, kept 1149 instead of 1271 MiB for its backward pass). The gradients
+    of its consumers then add up in bf16 before the cast back to fp32. peft's own cast of a LoRA
+    layer's input to its fp32 ``lora_A`` weight is off meanwhile."""
     if not enabled:
         yield
         return
