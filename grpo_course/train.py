@@ -461,15 +461,14 @@ class CourseTrainer:
                                    "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
                                    "clip_ratio/region_mean": 0.0}
         loss = ref = None
-        # the written-out attention, in the backward pass too (activation checkpointing recomputes
-        # the forward there); not in low-memory mode, where the fused kernel keeps less for backward
-        written_out = not low_memory()
         with self._phase("logprobs"):
             if cfg.beta != 0.0 and keep.any():
-                with torch.no_grad(), self._reference(), course_attention(self.model, written_out):
+                with torch.no_grad(), self._reference(), self.training_attention():
                     ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
                                           batch.completion_ids, mask, cfg.temperature)
-        with self._phase("forward_backward"), course_attention(self.model, written_out), \
+        # (the attention stays on through the backward pass: activation checkpointing recomputes
+        # the forward there)
+        with self._phase("forward_backward"), self.training_attention(), \
                 norms_cast_once(self.model, bf16):
             # the kept groups, ``train_micro_batch // G`` (at least one) per forward/backward pass,
             # all at once by default: each pass's loss is weighed by its share of the batch and its
@@ -542,6 +541,12 @@ class CourseTrainer:
             self.optimizer.zero_grad(set_to_none=True)
         metrics["skipped"] = loss is None
         return metrics, old
+
+    def training_attention(self):
+        """The attention layers of the training pass, for a while: written out
+        (:func:`grpo_course.grpo.course_attention`), except in low-memory mode, where the fused
+        kernel keeps less for the backward pass."""
+        return course_attention(self.model, not low_memory())
 
     def _reference(self):
         if hasattr(self.model, "disable_adapter"):

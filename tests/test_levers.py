@@ -352,3 +352,6 @@ def test_training_pass_attention_is_written_out_except_in_low_memory_mode(monkey
     assert trainer.step()["grad_norm"] > 0
     assert bool(calls) is not low
     assert trainer.model.config._attn_implementation == "sdpa"
+    with trainer.training_attention():      # what chapter 3's hand-written step borrows
+        assert trainer.model.config._attn_implementation == ("sdpa" if low else "course_gqa")
+    assert trainer.model.config._attn_implementation == "sdpa"
