@@ -41,7 +41,8 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    # the interval always holds p; at p = 0 or 1 rounding can leave a bound a hair past it
+    return (max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half)))
 
 
 def work_consistent(completion: str) -> bool | None:

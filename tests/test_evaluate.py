@@ -9,6 +9,16 @@ import torch
 from grpo_course.evaluate import EvalResult, answers_match, main, wilson_interval
 
 
+def test_wilson_interval_holds_the_proportion():
+    """0/n and n/n included: a bound past p by a rounding error broke chapter 3's error bars
+    (matplotlib refuses a negative bar length)."""
+    for n in range(1, 400):
+        for k in range(n + 1):
+            lo, hi = wilson_interval(k, n)
+            assert 0.0 <= lo <= k / n <= hi <= 1.0, (k, n)
+    assert wilson_interval(0, 11)[0] == 0.0 and wilson_interval(6, 6)[1] == 1.0
+
+
 def test_wilson_interval_known_values():
     lo, hi = wilson_interval(5, 10)
     assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
