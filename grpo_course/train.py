@@ -136,7 +136,11 @@ def _atomic_dir(path: Path, write: Callable[[Path], None]) -> Path:
 
 
 class CourseTrainer:
-    """GRPO on ``train_dataset`` (rows with ``question`` and ``answer``)."""
+    """GRPO on ``train_dataset`` (rows with ``question`` and ``answer``).
+
+    With LoRA, where both the warm-up and the GRPO training pass run in bf16 (``sft_dtype`` and
+    ``train_dtype``; by default on CPUs with native bf16), the frozen base weights of ``model``
+    are converted to bf16 in place (:func:`grpo_course.precision.hold_frozen_weights_in`)."""
 
     def __init__(self, model, tokenizer, config: GRPOConfig, train_dataset,
                  reward_funcs: dict[str, Callable] | None = None, out_dir=None,
