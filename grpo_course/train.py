@@ -423,6 +423,7 @@ class CourseTrainer:
         bf16 = self._train_in_bf16()
         self.model.train()
         updates = []
+        # where the base is not held in bf16 already (the warm-up in fp32, the GRPO pass in bf16):
         # bf16 copies of the frozen weights, made once per step (not in low-memory mode: there
         # autocast casts each weight as it is used, and no second copy of the model exists at once)
         with frozen_linear_weights_as(self.model, torch.bfloat16 if bf16 and not low_memory() else None):
