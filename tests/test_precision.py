@@ -2,10 +2,11 @@
 layer cast once; each against the plain autocast path it replaces."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from grpo_course.config import GRPOConfig
-from grpo_course.grpo import _output_layer, norms_cast_once, per_token_logps
+from grpo_course.grpo import _frozen_output_weight, norms_cast_once, per_token_logps
 from grpo_course.precision import (FrozenLowPrecisionLinear, frozen_linear_weights_as,
                                    hold_frozen_weights_in)
 from grpo_course.train import add_lora
@@ -128,23 +129,47 @@ def test_norms_cast_once_same_logps_and_close_gradients():
     assert q.cast_input_dtype_enabled                              # peft's own cast is back
 
 
-def test_output_layer_cast_once_under_autocast():
-    """The frozen fp32 output layer (tied to the embedding) is cast to bf16 once per call under
-    autocast: the same log-probs and gradients as autocast casting it for every chunk."""
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_frozen_output_layer_gradient_formed_in_the_forward_pass(monkeypatch, temperature):
+    """With the output layer frozen (LoRA), each token's log-prob gradient with respect to its
+    hidden state is formed with the logits and kept, instead of the logits being made again in
+    the backward pass. In fp32: autograd's log-probs, entropies and gradients (through
+    log-softmax) to rounding, over one chunk and over several. Under bf16 autocast: no farther
+    from the fp32 gradients than autograd's own bf16 pass."""
     import grpo_course.grpo as grpo
-    model = _lora_model()
-    head = model.get_output_embeddings()
-    assert _output_layer(model) is head                                # no autocast: as it is
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert _output_layer(model) is not head
-    batch = _batch()
-    a, ga = _logps_and_grads(model, batch)
-    original = grpo._output_layer
-    grpo._output_layer = lambda m: m.get_output_embeddings()
-    try:
-        b, gb = _logps_and_grads(model, batch)
-    finally:
-        grpo._output_layer = original
-    assert torch.equal(a, b)
-    for name in ga:
-        assert torch.equal(ga[name], gb[name]), name
+    model, batch = _lora_model(), _batch()
+    assert _frozen_output_weight(model) is not None
+    with torch.autocast("cpu", dtype=torch.bfloat16):               # one bf16 copy under autocast
+        assert _frozen_output_weight(model).dtype == torch.bfloat16
+
+    def run(path: str, chunk: int, autocast: bool):
+        with monkeypatch.context() as m:
+            m.setattr(grpo, "LOGITS_CHUNK", chunk)
+            if path == "autograd":
+                m.setattr(grpo, "_frozen_output_weight", lambda model: None)
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                logps, entropy = per_token_logps(model, *batch, temperature=temperature,
+                                                 return_entropy=True)
+            (logps * batch[3] * torch.linspace(-1, 1, logps.numel()).view_as(logps)).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
+        return logps.detach(), entropy, grads
+
+    logps, entropy, grads = run("autograd", 10_000, autocast=False)
+    assert model.get_output_embeddings().weight.grad is None
+    for chunk in (10_000, 5):                                         # one chunk, several
+        formed = run("formed", chunk, autocast=False)
+        torch.testing.assert_close(formed[0], logps, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(formed[1], entropy, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(formed[2], grads, atol=1e-6, rtol=1e-5)
+    gap = lambda g: float((g - grads).norm() / grads.norm())
+    autograd_bf16, formed_bf16 = run("autograd", 5, True)[2], run("formed", 5, True)[2]
+    assert gap(formed_bf16) <= 1.25 * gap(autograd_bf16) + 1e-3, (gap(formed_bf16), gap(autograd_bf16))
+
+
+def test_trainable_output_layer_takes_autograd():
+    """A trainable output layer (full fine-tuning) needs its own gradient: autograd's path."""
+    model = tiny_model()
+    assert model.get_output_embeddings().weight.requires_grad
+    assert _frozen_output_weight(model) is None
+
