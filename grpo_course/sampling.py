@@ -200,16 +200,31 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) 
 def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       bias: torch.Tensor) -> torch.Tensor:
     """Attention of one new position per row: ``q`` [B, K, H/K, D] over the cache slices ``k``,
-    ``v`` [B, K, S, D], ``bias`` [B, 1, 1, S] (0 or -inf); scores and softmax in fp32. Two
-    batched matrix products: at one query position they beat the fused (flash) kernel, which is
-    built for long query blocks (a 32-row decode step took 32.7 ms with them, 39.4 ms with it)."""
+    ``v`` [B, K, S, D], ``bias`` [B*K, H/K, S] (0 or -inf); in fp32, out [B, K, H/K, D].
+
+    Two batched matrix products: at one query position they beat the fused (flash) kernel, which is
+    built for long query blocks (a 32-row decode step took 32.7 ms with them, 39.4 ms with it).
+    An fp32 cache is read in place, strided (an fp32 batched product takes strided slices; a
+    bf16 one copies them itself, ~5x slower than one explicit copy); a bf16 cache (low-memory
+    mode) is copied to fp32 first. At 8 rows x ~200 cached positions, 42-78 us a layer against
+    75-150 us for bf16 products over contiguous copies."""
     B, K, R, D = q.shape
-    # the cache slices as contiguous [B*K, S, D]: a bf16 ``bmm`` of a strided slice copies it
-    # itself, ~5x slower than one explicit copy
-    k3, v3 = k.flatten(0, 1).contiguous(), v.flatten(0, 1).contiguous()
-    scores = torch.bmm(q.reshape(B * K, R, D), k3.transpose(1, 2)).view(B, K, R, -1)
-    scores = scores.float().mul_(D ** -0.5).add_(bias).softmax(-1).to(v.dtype)
-    return torch.bmm(scores.flatten(0, 1), v3).view(B, K, R, D)
+    k3, v3 = k.flatten(0, 1).float(), v.flatten(0, 1).float()
+    scores = torch.baddbmm(bias, q.reshape(B * K, R, D).float(), k3.transpose(1, 2),
+                           alpha=D ** -0.5)
+    return torch.bmm(scores.softmax(-1), v3).view(B, K, R, D)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding over the last dim: ``x * cos + rotate_half(x) * sin``, with
+    rotate_half's sign folded into ``signed_sin`` (:func:`_signed_sin`) so that the rotation is
+    one ``roll``."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
+
+
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], -1)
 
 
 class FastLlama:
@@ -248,24 +263,20 @@ class FastLlama:
         dtype = self.dtype      # not ``self``: a closure over it would keep the snapshot alive
 
         def apply(h: torch.Tensor) -> torch.Tensor:
-            x = h.float()
-            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-            return (weight * x).to(dtype)
+            return F.rms_norm(h.float(), weight.shape, weight, eps).to(dtype)
         return apply
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
-        return x * cos + rotated * sin
 
     def allocate(self, batch: int, length: int, dtype: torch.dtype) -> None:
         # one cache tensor per layer: dropping finished rows (select) then copies one layer at a
         # time, so the cache never exists twice over
         # (left uninitialised: attention reads only the slots written so far, so the pages of the
         # slots still to come take no memory until decoding reaches them)
+        # The keys and values are kept in fp32, which attention reads in place
+        # (:func:`_decode_attention`); in low-memory mode in the snapshot's dtype (half the bytes).
         shape = (batch, self.n_kv, length, self.head_dim)
-        self.k = [torch.empty(shape, dtype=dtype) for _ in self.layers]
-        self.v = [torch.empty(shape, dtype=dtype) for _ in self.layers]
+        cache_dtype = dtype if memory.low_memory() else torch.float32
+        self.k = [torch.empty(shape, dtype=cache_dtype) for _ in self.layers]
+        self.v = [torch.empty(shape, dtype=cache_dtype) for _ in self.layers]
         self.written = 0            # slots 0..written-1 hold keys and values
         # decoding multiplies every weight by a few rows per step: reorder the weights once (a
         # second copy of them: not in low-memory mode, where each product re-packs its weight)
@@ -274,29 +285,39 @@ class FastLlama:
                        for _, wqkv, wo, _, wgu, wd in self.layers]
         self.packed_head = pack(self.lm_head)
 
+    def _rotary(self, h: torch.Tensor, positions: torch.Tensor):
+        cos, sin = (c.to(self.dtype) for c in self.rotary(h.float(), positions))
+        return cos, _signed_sin(sin)
+
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                 repeat: int) -> torch.Tensor:
         """Run the prompts [P, L] once; write their K/V ``repeat`` times; last logits [P*repeat, V]."""
         P, L = ids.shape
         h = F.embedding(ids, self.embed).to(self.dtype)
-        cos, sin = (c.to(self.dtype) for c in self.rotary(h.float(), positions))
+        cos, sin = self._rotary(h, positions)
         cos, sin = cos[:, None], sin[:, None]
         keep = torch.ones(L, L, dtype=torch.bool).tril()[None, None] & mask.bool()[:, None, None, :]
         keep = keep | torch.eye(L, dtype=torch.bool)  # pad rows attend to themselves: no NaN
         H, K, D = self.n_heads, self.n_kv, self.head_dim
         for i, (n1, wqkv, wo, n2, wgu, wd) in enumerate(self.layers):
-            qkv = F.linear(n1(h), wqkv).view(P, L, H + 2 * K, D).transpose(1, 2)
+            p_qkv, p_o, p_gu, p_d = self.packed[i]
+            qkv = _linear(n1(h), wqkv, p_qkv).view(P, L, H + 2 * K, D).transpose(1, 2)
             q, k, v = qkv.split([H, K, K], 1)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
             self.k[i][:, :, :L] = k.repeat_interleave(repeat, 0)
             self.v[i][:, :, :L] = v.repeat_interleave(repeat, 0)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
-            h = h + F.linear(a.transpose(1, 2).reshape(P, L, H * D), wo)
-            g, u = F.linear(n2(h), wgu).split(self.inter, -1)
-            h = h + F.linear(F.silu(g) * u, wd)
+            h = h + _linear(a.transpose(1, 2).reshape(P, L, H * D), wo, p_o)
+            g, u = _linear(n2(h), wgu, p_gu).split(self.inter, -1)
+            h = h + _linear(F.silu(g) * u, wd, p_d)
         self.written = L
-        last = self.norm(h[:, -1])
-        return F.linear(last, self.lm_head).float().repeat_interleave(repeat, 0)
+        return self._logits(h[:, -1]).repeat_interleave(repeat, 0)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        if self.packed_head is not None:
+            return _linear(self.norm(h), self.lm_head, self.packed_head).float()
+        # [V, d] @ [d, B]: the vocabulary as the long side is ~1.5x faster than F.linear at small B
+        return (self.lm_head @ self.norm(h).T).T.float()
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only the cache rows ``rows`` (sequences that are still decoding); only the slots
@@ -313,28 +334,24 @@ class FastLlama:
         B = tokens.shape[0]
         H, K, D = self.n_heads, self.n_kv, self.head_dim
         h = F.embedding(tokens, self.embed).to(self.dtype)         # [B, d]
-        cos, sin = (c.to(self.dtype) for c in self.rotary(h[:, None].float(), positions[:, None]))
-        cos, sin = cos[:, :, None], sin[:, :, None]
-        # the mask as an additive bias, made once for all layers
-        bias = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))[:, None, None, :]
+        cos, sin = self._rotary(h[:, None], positions[:, None])    # [B, 1, D]
+        # the mask as an additive bias, made once for all layers: [B*K, H/K, t+1]
+        bias = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))
+        bias = bias[:, None, None].expand(B, K, H // K, -1).reshape(B * K, H // K, -1)
         for i, (n1, wqkv, wo, n2, wgu, wd) in enumerate(self.layers):
             p_qkv, p_o, p_gu, p_d = self.packed[i]
-            qkv = _linear(n1(h), wqkv, p_qkv).view(B, 1, H + 2 * K, D)
-            q, k, v = qkv.split([H, K, K], 2)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            self.k[i][:, :, t] = k[:, 0]
-            self.v[i][:, :, t] = v[:, 0]
+            qkv = _linear(n1(h), wqkv, p_qkv).view(B, H + 2 * K, D)
+            qk = _rope(qkv[:, :H + K], cos, sin)                    # q and k heads together
+            self.k[i][:, :, t] = qk[:, H:]
+            self.v[i][:, :, t] = qkv[:, H + K:]
             # grouped-query attention: the H/K query heads of a KV head act as K query rows
-            q = q.view(B, K, H // K, D)
+            q = qk[:, :H].reshape(B, K, H // K, D)
             a = _decode_attention(q, self.k[i][:, :, :t + 1], self.v[i][:, :, :t + 1], bias)
-            h = h + _linear(a.reshape(B, H * D), wo, p_o)
+            h = h + _linear(a.view(B, H * D).to(self.dtype), wo, p_o)
             g, u = _linear(n2(h), wgu, p_gu).split(self.inter, -1)
             h = h + _linear(F.silu(g) * u, wd, p_d)
         self.written = t + 1
-        if self.packed_head is not None:
-            return _linear(self.norm(h), self.lm_head, self.packed_head).float()
-        # [V, d] @ [d, B]: the vocabulary as the long side is ~1.5x faster than F.linear at small B
-        return (self.lm_head @ self.norm(h).T).T.float()
+        return self._logits(h)
 
 
 # ---------------------------------------------------------------- the sampler
