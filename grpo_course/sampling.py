@@ -197,22 +197,32 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) 
     return F.linear(x, weight)
 
 
+FP32_ATTENTION_ROWS = 16   # decoding fewer rows than this, attention runs in fp32
+
+
 def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       bias: torch.Tensor) -> torch.Tensor:
     """Attention of one new position per row: ``q`` [B, K, H/K, D] over the cache slices ``k``,
-    ``v`` [B, K, S, D], ``bias`` [B*K, H/K, S] (0 or -inf); in fp32, out [B, K, H/K, D].
+    ``v`` [B, K, S, D], ``bias`` [B*K, H/K, S] (0 or -inf); scores and softmax in fp32.
 
     Two batched matrix products: at one query position they beat the fused (flash) kernel, which is
     built for long query blocks (a 32-row decode step took 32.7 ms with them, 39.4 ms with it).
-    An fp32 cache is read in place, strided (an fp32 batched product takes strided slices; a
-    bf16 one copies them itself, ~5x slower than one explicit copy); a bf16 cache (low-memory
-    mode) is copied to fp32 first. At 8 rows x ~200 cached positions, 42-78 us a layer against
-    75-150 us for bf16 products over contiguous copies."""
+    A bf16 ``bmm`` of a strided cache slice copies it itself, ~5x slower than one explicit copy,
+    so the slices are copied first. Below ``FP32_ATTENTION_ROWS`` rows the copies are made in fp32
+    and the products run in fp32 (an fp32 cache is read in place): at a few rows the cost is per
+    call, and fp32 products have less of it; at many rows bf16's half the bytes wins. Decode step,
+    bundled model, cache growing to prompt + 128: 4 rows 12.9-13.3 ms (fp32) vs 15.0-15.7 (bf16);
+    8 rows 16.9-17.3 vs 18.6-19.1; 16 rows 22.8-25.0 vs 23.5-24.0; 32 rows 38.6-41.3 vs 36.5-37.7."""
     B, K, R, D = q.shape
-    k3, v3 = k.flatten(0, 1).float(), v.flatten(0, 1).float()
-    scores = torch.baddbmm(bias, q.reshape(B * K, R, D).float(), k3.transpose(1, 2),
-                           alpha=D ** -0.5)
-    return torch.bmm(scores.softmax(-1), v3).view(B, K, R, D)
+    if k.dtype == torch.float32 or B < FP32_ATTENTION_ROWS:
+        k3, v3 = k.flatten(0, 1).float(), v.flatten(0, 1).float()
+        scores = torch.baddbmm(bias, q.reshape(B * K, R, D).float(), k3.transpose(1, 2),
+                               alpha=D ** -0.5)
+        return torch.bmm(scores.softmax(-1), v3).view(B, K, R, D)
+    k3, v3 = k.flatten(0, 1).contiguous(), v.flatten(0, 1).contiguous()
+    scores = torch.bmm(q.reshape(B * K, R, D), k3.transpose(1, 2))
+    scores = scores.float().mul_(D ** -0.5).add_(bias).softmax(-1).to(v.dtype)
+    return torch.bmm(scores, v3).view(B, K, R, D)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -271,12 +281,9 @@ class FastLlama:
         # time, so the cache never exists twice over
         # (left uninitialised: attention reads only the slots written so far, so the pages of the
         # slots still to come take no memory until decoding reaches them)
-        # The keys and values are kept in fp32, which attention reads in place
-        # (:func:`_decode_attention`); in low-memory mode in the snapshot's dtype (half the bytes).
         shape = (batch, self.n_kv, length, self.head_dim)
-        cache_dtype = dtype if memory.low_memory() else torch.float32
-        self.k = [torch.empty(shape, dtype=cache_dtype) for _ in self.layers]
-        self.v = [torch.empty(shape, dtype=cache_dtype) for _ in self.layers]
+        self.k = [torch.empty(shape, dtype=dtype) for _ in self.layers]
+        self.v = [torch.empty(shape, dtype=dtype) for _ in self.layers]
         self.written = 0            # slots 0..written-1 hold keys and values
         # decoding multiplies every weight by a few rows per step: reorder the weights once (a
         # second copy of them: not in low-memory mode, where each product re-packs its weight)

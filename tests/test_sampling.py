@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from grpo_course.sampling import FastLlama, sample_completions, supports_fast_path
 
@@ -228,3 +229,26 @@ def test_sampling_dtype_names(monkeypatch):
     assert resolve_sampling_dtype("auto") is None
     with pytest.raises(ValueError, match="sampling_dtype"):
         resolve_sampling_dtype("fp8")
+
+
+@pytest.mark.parametrize("rows", [2, 20])
+def test_decode_attention_both_precisions_agree_with_sdpa(monkeypatch, rows):
+    """The decode step's attention, in fp32 products (few rows) and in bf16 products (many rows),
+    gives grouped-query attention over the cached slots that the mask keeps."""
+    import grpo_course.sampling as sampling
+    B, K, R, S, D = rows, 3, 3, 11, 8
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(B, K, R, D, generator=g).bfloat16()
+    cache_k, cache_v = (torch.randn(B, K, S + 5, D, generator=g).bfloat16() for _ in range(2))
+    keep = torch.rand(B, S, generator=g) > 0.3
+    keep[:, -1] = True                                   # the new position always attends to itself
+    bias = torch.zeros(B, S).masked_fill_(~keep, float("-inf"))
+    bias = bias[:, None, None].expand(B, K, R, S).reshape(B * K, R, S)
+    k, v = cache_k[:, :, :S], cache_v[:, :, :S]         # strided slices, as in decoding
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                              attn_mask=keep[:, None, None])
+    for threshold in (0, 10 ** 6):                       # bf16 products, then fp32 products
+        monkeypatch.setattr(sampling, "FP32_ATTENTION_ROWS", threshold)
+        out = sampling._decode_attention(q, k, v, bias)
+        assert out.shape == (B, K, R, D)
+        torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
