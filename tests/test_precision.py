@@ -1,5 +1,5 @@
-"""Where the training pass keeps its precision: a bf16 frozen base, norms cast once, the output
-layer cast once; each against the plain autocast path it replaces."""
+"""Where the training pass keeps its precision: a bf16 frozen base, norms cast once, the frozen
+output layer's gradient formed in the forward pass; each against the plain path it replaces."""
 from __future__ import annotations
 
 import pytest
