@@ -130,6 +130,46 @@ def _weight(module: torch.nn.Module) -> torch.Tensor:
     return module.weight
 
 
+def _lora_factors(module: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor, float]] | None:
+    """``(B, A, scaling)`` of each active adapter of a plain LoRA Linear (delta = scaling * B @ A);
+    ``[]`` for a plain Linear; ``None`` for anything else (other LoRA variants: :func:`_weight`)."""
+    if not hasattr(module, "base_layer"):
+        return [] if isinstance(module, torch.nn.Linear) else None
+    if not hasattr(module, "get_delta_weight") or getattr(module, "fan_in_fan_out", False):
+        return None
+    if getattr(module, "merged", False) or module.disable_adapters:
+        return []
+    factors = []
+    for name in module.active_adapters:
+        if name not in module.lora_A:
+            continue
+        if getattr(module, "lora_variant", {}).get(name) is not None \
+                or not isinstance(module.lora_A[name], torch.nn.Linear):
+            return None
+        factors.append((module.lora_B[name].weight, module.lora_A[name].weight,
+                        module.scaling[name]))
+    return factors
+
+
+def _stacked_weight(modules: list[torch.nn.Module], dtype: torch.dtype) -> torch.Tensor:
+    """The effective weights of ``modules`` (Linears, LoRA or not, with the same input size)
+    stacked by rows, in ``dtype``: each is copied once into one buffer and its LoRA delta added
+    there in place (``addmm_``: the base, plus scaling * B @ A in ``dtype``'s matrix product,
+    rounded once). Merging in fp32 and casting made three full-size temporaries per weight:
+    a snapshot of the bundled model took ~90 ms that way."""
+    weights = [m.base_layer.weight if hasattr(m, "base_layer") else m.weight for m in modules]
+    out = torch.empty(sum(w.shape[0] for w in weights), weights[0].shape[1], dtype=dtype)
+    for module, weight, piece in zip(modules, weights, out.split([w.shape[0] for w in weights])):
+        factors = _lora_factors(module)
+        if factors is None:
+            piece.copy_(_weight(module).detach())
+            continue
+        piece.copy_(weight.detach())
+        for B, A, scaling in factors:
+            piece.addmm_(B.detach().to(dtype), A.detach().to(dtype), alpha=scaling)
+    return out
+
+
 def _base(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
@@ -244,7 +284,7 @@ class FastLlama:
         base = _base(model)
         cfg = base.config
         self.dtype = dtype or next(model.parameters()).dtype
-        cast = lambda w: w.detach().to(self.dtype)
+        stack = lambda *modules: _stacked_weight(list(modules), self.dtype)
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
@@ -252,17 +292,17 @@ class FastLlama:
         # the embedding is gathered from the model's own weight and cast per token: no second copy
         self.embed = base.model.embed_tokens.weight.detach()
         self.norm = self._rms_norm(base.model.norm)
-        self.lm_head = cast(_weight(base.lm_head))
+        self.lm_head = stack(base.lm_head)
         self.layers = []
         for layer in base.model.layers:
             att, mlp = layer.self_attn, layer.mlp
             self.layers.append((
                 self._rms_norm(layer.input_layernorm),
-                cast(torch.cat([_weight(att.q_proj), _weight(att.k_proj), _weight(att.v_proj)])),
-                cast(_weight(att.o_proj)),
+                stack(att.q_proj, att.k_proj, att.v_proj),
+                stack(att.o_proj),
                 self._rms_norm(layer.post_attention_layernorm),
-                cast(torch.cat([_weight(mlp.gate_proj), _weight(mlp.up_proj)])),
-                cast(_weight(mlp.down_proj)),
+                stack(mlp.gate_proj, mlp.up_proj),
+                stack(mlp.down_proj),
             ))
         self.inter = self.layers[0][4].shape[0] // 2
 

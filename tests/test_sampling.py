@@ -252,3 +252,35 @@ def test_decode_attention_both_precisions_agree_with_sdpa(monkeypatch, rows):
         out = sampling._decode_attention(q, k, v, bias)
         assert out.shape == (B, K, R, D)
         torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_snapshot_adds_the_lora_delta_in_place():
+    """The decoder's stacked weights are peft's merged weights: in fp32 to rounding, in bf16
+    within one bf16 step (the delta's product runs in bf16 there); other LoRA variants (DoRA)
+    are left to peft's own delta."""
+    from peft import LoraConfig, get_peft_model
+
+    from grpo_course.sampling import _lora_factors, _weight
+
+    model = get_peft_model(tiny_model(seed=4),
+                           LoraConfig(r=4, target_modules=["q_proj", "v_proj", "up_proj"]))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    att = model.base_model.model.model.layers[0].self_attn
+    merged = torch.cat([_weight(m) for m in (att.q_proj, att.k_proj, att.v_proj)]).detach()
+    torch.testing.assert_close(FastLlama(model, torch.float32).layers[0][1], merged,
+                               atol=1e-6, rtol=1e-6)
+    # bf16: the factors and the sum are rounded, so within 2^-7 of the sum of the terms' sizes
+    size = []
+    for m in (att.q_proj, att.k_proj, att.v_proj):
+        w = getattr(m, "base_layer", m).weight.abs()
+        for name in (n for n in getattr(m, "active_adapters", ()) if n in m.lora_A):
+            w = w + m.scaling[name] * m.lora_B[name].weight.abs() @ m.lora_A[name].weight.abs()
+        size.append(w.detach())
+    stacked = FastLlama(model, torch.bfloat16).layers[0][1].float()
+    assert ((stacked - merged).abs() <= torch.cat(size) * 2 ** -7).all()
+    assert len(_lora_factors(att.q_proj)) == 1 and _lora_factors(att.k_proj) == []
+    dora = get_peft_model(tiny_model(seed=4), LoraConfig(r=4, target_modules=["q_proj"],
+                                                         use_dora=True))
+    assert _lora_factors(dora.base_model.model.model.layers[0].self_attn.q_proj) is None
