@@ -129,26 +129,29 @@ def _frozen_head_token_logps(weight: torch.Tensor, hidden: torch.Tensor, tokens:
     chunk = chunk or LOGITS_CHUNK
     grad = torch.is_grad_enabled() and hidden.requires_grad
     picked, entropies, grads = [], [], []
-    # dtypes by hand (autocast would run the entropy's dot products in bf16); in place where the
-    # values are not needed again: each new [chunk, V] tensor costs its page faults
+    # dtypes by hand (autocast would run the entropy's dot products in bf16). Only the
+    # passes that need the whole [chunk, V] block touch it: log p(token) is z[token] - log(total),
+    # the entropy log(total) - sum(e z) / total, the gradient row (W[token] - e @ W / total) / T
+    # with e = exp(z - max) and total = sum(e): the normalising is done on [chunk] and [chunk, H]
+    # (1016 positions, bf16, forward + backward: median 255 ms, against 290 ms normalising p,
+    # log p and onehot - p over the whole block)
     with torch.no_grad(), torch.autocast("cpu", enabled=False):
         for h, tok in zip(hidden.detach().split(chunk), tokens.split(chunk)):
             z = torch.nn.functional.linear(h.to(weight.dtype), weight).float()
             if temperature != 1.0:
                 z /= temperature
             z -= z.amax(-1, keepdim=True)
-            probs = z.exp()
-            total = probs.sum(-1, keepdim=True)
-            logps = z.sub_(total.log())                                  # log-softmax
-            probs /= total                                               # softmax
-            picked.append(logps.gather(-1, tok[:, None]).squeeze(-1))
+            e = z.exp()
+            total = e.sum(-1)
+            log_total = total.log()
+            picked.append(z.gather(-1, tok[:, None]).squeeze(-1) - log_total)
             if with_entropy:
-                entropies.append(-torch.linalg.vecdot(probs, logps))
+                entropies.append(log_total - torch.linalg.vecdot(e, z) / total)
             if grad:                              # d log p(token) / d z = onehot(token) - p
-                dz = probs.neg_().scatter_add_(-1, tok[:, None], torch.ones(len(tok), 1))
+                row = weight[tok].float() - (e.to(weight.dtype) @ weight).float() / total[:, None]
                 if temperature != 1.0:
-                    dz /= temperature
-                grads.append(dz.to(weight.dtype) @ weight)                  # [n, H]
+                    row /= temperature
+                grads.append(row.to(weight.dtype))                          # [n, H]
     values = torch.cat(picked)
     if grad:
         values = _RowwiseGradient.apply(hidden, values, torch.cat(grads))
