@@ -10,10 +10,8 @@ then ``--steps`` timed steps on the same GSM8K train prompts, with the same mode
 ``ours`` is the trainer as shipped: with beta = 0 it leaves groups whose rewards are all
 equal out of the training pass (their gradient is exactly 0; the update is unchanged).
 ``ours_all_groups`` runs the training pass on every group, i.e. the same FLOPs as TRL;
-the sweep (cost curve) uses that mode. Both trainers put a step's completions through one
-forward/backward pass (the course trainer's default ``train_micro_batch``; TRL's
-``gradient_accumulation_steps=1``): 8 completions, as many as one pass of chapter 3's full
-profile (one group of G = 8). Each trainer uses its own precision: the course
+the sweep (cost curve) uses that mode. The course trainer runs one group per forward/backward
+pass, as chapter 3's full profile does. Each trainer uses its own precision: the course
 trainer's ``auto`` (bf16 sampling and training pass where the CPU has native bf16, fp32
 elsewhere). TRL is timed in every precision mode of ``TRL_MODES`` (fp32, bf16 autocast, bf16
 weights + autocast) without activation checkpointing, then its fastest mode again with
@@ -44,11 +42,13 @@ from grpo_course.hardware import available_cores, bench_facts, peak_rss_mib  # n
 
 
 def bench_config(G: int, completions: int, length: int):
-    """The course trainer's settings: its defaults (every trained completion of a step in one
-    forward/backward pass, as TRL trains them here), with the benchmark's sizes."""
+    """The course trainer's settings: its defaults, with one group per forward/backward pass as
+    chapter 3's full profile trains (the same update; the activations of G completions in memory
+    at a time, not of the whole step's)."""
     from grpo_course.config import GRPOConfig
     return GRPOConfig(num_generations=G, per_step_completions=completions,
-                      max_completion_length=length, sft_steps=0, max_steps=1, seed=0)
+                      max_completion_length=length, sft_steps=0, max_steps=1, seed=0,
+                      train_micro_batch=G)
 
 
 def summarize(seconds: list[float], tokens: list[int], completions: int) -> dict:
@@ -160,7 +160,7 @@ def settings() -> dict:
                      "train_dtype": train_dtype, "use_lora": cfg.use_lora,
                      # a bf16 training pass holds the frozen base in bf16 (grpo_course.precision)
                      "frozen_base_dtype": train_dtype,
-                     "train_micro_batch": "none (the step's completions in one forward/backward pass)",
+                     "train_micro_batch": "G (one group per forward/backward pass)",
                      "lora_r": cfg.lora_r, "loss_type": cfg.loss_type, "beta": cfg.beta,
                      "num_iterations": 1, "learning_rate": cfg.learning_rate},
             "trl": {k: v for k, v in FIXED_TRL_FIELDS.items() if not callable(v)},
