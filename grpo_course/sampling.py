@@ -97,24 +97,27 @@ def _choose(logits: torch.Tensor, temperature: float, top_p: float,
 
     Sampling inverts the cumulative distribution with one uniform number per row
     (``uniform`` [rows, 1]; ``torch.multinomial`` draws one exponential per vocabulary
-    entry: 4x slower here).
+    entry: 4x slower here). The distribution is left unnormalised (the uniform number is
+    scaled by its sum instead): 8 rows of the bundled model's vocabulary took 0.33 ms so and
+    1.37 ms through logsumexp and normalised probabilities.
     """
     if temperature <= 0:  # greedy
         logps = torch.log_softmax(logits.float(), dim=-1)
         tokens = logps.argmax(-1)
         return tokens, logps.gather(-1, tokens[:, None]).squeeze(-1)
-    scaled = logits.float() / temperature
-    lse = torch.logsumexp(scaled, dim=-1, keepdim=True)
-    probs = (scaled - lse).exp_()
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
+    top = scaled.amax(-1, keepdim=True)
+    weights = (scaled - top).exp_()       # unnormalised probabilities: u is scaled by their sum
+    total = weights.sum(-1, keepdim=True) if top_p < 1.0 else None
     if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_p.cumsum(-1) - sorted_p < top_p
-        sorted_p = sorted_p * keep
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    cdf = probs.cumsum_(-1).contiguous()   # searchsorted wants contiguous boundaries
-    u = uniform.to(cdf.dtype) * cdf[:, -1:]
-    tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
-    return tokens, (scaled.gather(-1, tokens[:, None]) - lse).squeeze(-1)
+        sorted_w, order = weights.sort(dim=-1, descending=True)
+        keep = sorted_w.cumsum(-1) - sorted_w < top_p * total
+        weights = torch.zeros_like(weights).scatter(-1, order, sorted_w * keep)
+    cdf = weights.cumsum_(-1)             # contiguous, as searchsorted wants its boundaries
+    total = cdf[:, -1:] if total is None else total
+    tokens = torch.searchsorted(cdf, uniform.to(cdf.dtype) * cdf[:, -1:], right=True)
+    tokens = tokens.squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+    return tokens, (scaled.gather(-1, tokens[:, None]) - top - total.log()).squeeze(-1)
 
 
 # ---------------------------------------------------------------- the fast Llama decoder
@@ -461,46 +464,50 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
     B = P * G
     use_fast = supports_fast_path(_base(model)) if fast is None else fast
     dtype = sampler_dtype(model, sampling_dtype, use_fast)
-    decoder = FastLlama(model, dtype) if use_fast else _HFDecoder(model)
-    decoder.allocate(B, Lp + max_new_tokens, dtype)
-
-    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = decoder.prefill(prompt_ids, prompt_mask, positions, G)
-    keep = torch.zeros(B, Lp + max_new_tokens, dtype=torch.bool)
-    keep[:, :Lp] = prompt_mask.bool().repeat_interleave(G, 0)
-    next_pos = positions[:, -1].repeat_interleave(G, 0) + 1
-
     tokens_out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long)
     logps_out = torch.zeros(B, max_new_tokens)
     live_out = torch.zeros(B, max_new_tokens, dtype=torch.long)
-    # Rows that reached EOS leave the batch (``rows``: the original row of each decoding row)
-    # once a quarter of it has finished: the steps after that multiply smaller matrices.
-    rows = torch.arange(B)
-    alive = torch.ones(B, dtype=torch.bool)
-    for step in range(max_new_tokens):
-        # one uniform number per original row and step, decoding or not: the draws, hence
-        # the samples, do not depend on when rows left the batch
-        uniform = torch.rand(B, 1, generator=generator)[rows] if temperature > 0 else None
-        tokens, logps = _choose(logits, temperature, top_p, uniform)
-        tokens = torch.where(alive, tokens, torch.full_like(tokens, pad_id))
-        tokens_out[rows, step] = tokens
-        logps_out[rows, step] = torch.where(alive, logps, torch.zeros_like(logps))
-        live_out[rows, step] = alive.long()
-        alive = alive & ~torch.isin(tokens, eos)
-        if not alive.any() or step == max_new_tokens - 1:
-            break
-        if hasattr(decoder, "select") and int(alive.sum()) <= 0.75 * len(rows):
-            idx = alive.nonzero().squeeze(1)
-            decoder.select(idx)
-            rows, alive, tokens = rows[idx], alive[idx], tokens[idx]
-            keep, next_pos = keep[idx], next_pos[idx]
-        slot = Lp + step
-        keep[:, slot] = True
-        logits = decoder.decode(tokens, next_pos, keep[:, :slot + 1], slot)
-        next_pos = next_pos + 1
+    # inference mode: ~1 ms less per decoding step than no_grad at 4-8 rows (no version counters,
+    # no view tracking); what leaves it is written into these three ordinary tensors, which the
+    # training pass may save for its backward pass (an inference tensor may not be)
+    with torch.inference_mode():
+        decoder = FastLlama(model, dtype) if use_fast else _HFDecoder(model)
+        decoder.allocate(B, Lp + max_new_tokens, dtype)
+
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = decoder.prefill(prompt_ids, prompt_mask, positions, G)
+        keep = torch.zeros(B, Lp + max_new_tokens, dtype=torch.bool)
+        keep[:, :Lp] = prompt_mask.bool().repeat_interleave(G, 0)
+        next_pos = positions[:, -1].repeat_interleave(G, 0) + 1
+
+        # Rows that reached EOS leave the batch (``rows``: the original row of each decoding row)
+        # once a quarter of it has finished: the steps after that multiply smaller matrices.
+        rows = torch.arange(B)
+        alive = torch.ones(B, dtype=torch.bool)
+        for step in range(max_new_tokens):
+            # one uniform number per original row and step, decoding or not: the draws, hence
+            # the samples, do not depend on when rows left the batch
+            uniform = torch.rand(B, 1, generator=generator)[rows] if temperature > 0 else None
+            tokens, logps = _choose(logits, temperature, top_p, uniform)
+            tokens = torch.where(alive, tokens, torch.full_like(tokens, pad_id))
+            tokens_out[rows, step] = tokens
+            logps_out[rows, step] = torch.where(alive, logps, torch.zeros_like(logps))
+            live_out[rows, step] = alive.long()
+            alive = alive & ~torch.isin(tokens, eos)
+            if not alive.any() or step == max_new_tokens - 1:
+                break
+            if hasattr(decoder, "select") and int(alive.sum()) <= 0.75 * len(rows):
+                idx = alive.nonzero().squeeze(1)
+                decoder.select(idx)
+                rows, alive, tokens = rows[idx], alive[idx], tokens[idx]
+                keep, next_pos = keep[idx], next_pos[idx]
+            slot = Lp + step
+            keep[:, slot] = True
+            logits = decoder.decode(tokens, next_pos, keep[:, :slot + 1], slot)
+            next_pos = next_pos + 1
     T = step + 1
     truncated = torch.zeros(B, dtype=torch.bool)
-    truncated[rows] = alive
+    truncated[rows.clone()] = alive.clone()
     completion_ids, completion_mask = tokens_out[:, :T], live_out[:, :T]
     if was_training:
         model.train()

@@ -284,3 +284,28 @@ def test_snapshot_adds_the_lora_delta_in_place():
     dora = get_peft_model(tiny_model(seed=4), LoraConfig(r=4, target_modules=["q_proj"],
                                                          use_dora=True))
     assert _lora_factors(dora.base_model.model.model.layers[0].self_attn.q_proj) is None
+
+
+def test_choose_inverts_the_distribution_and_returns_its_log_probs():
+    """Uniform numbers on a fine grid draw each token as often as its probability (at the
+    temperature, within the nucleus for top_p); the log-probs are those of the temperature-scaled
+    distribution; temperature 0 is the argmax."""
+    from grpo_course.sampling import _choose
+
+    logits = torch.tensor([[2.0, 0.5, -1.0, 1.0, 0.0]])
+    n = 20_000
+    u = (torch.arange(n, dtype=torch.float32)[:, None] + 0.5) / n
+    for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (1.0, 0.8)):
+        tokens, logps = _choose(logits.expand(n, -1), temperature, top_p, u)
+        full = torch.log_softmax(logits[0] / temperature, -1)
+        p = full.exp()
+        if top_p < 1.0:        # the nucleus: tokens by probability until top_p is covered
+            order = p.argsort(descending=True)
+            inside = torch.zeros_like(p, dtype=torch.bool)
+            inside[order] = p[order].cumsum(0) - p[order] < top_p
+            p = torch.where(inside, p, torch.zeros_like(p)) / p[inside].sum()
+        freq = torch.bincount(tokens, minlength=5).float() / n
+        torch.testing.assert_close(freq, p, atol=2e-4, rtol=0)
+        torch.testing.assert_close(logps, full[tokens], atol=1e-5, rtol=1e-5)
+    tokens, logps = _choose(logits, 0.0, 1.0, None)
+    assert int(tokens) == 0 and torch.allclose(logps, torch.log_softmax(logits, -1)[:, 0])
