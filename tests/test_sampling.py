@@ -256,8 +256,8 @@ def test_decode_attention_both_precisions_agree_with_sdpa(monkeypatch, rows):
 
 def test_snapshot_adds_the_lora_delta_in_place():
     """The decoder's stacked weights are peft's merged weights: in fp32 to rounding, in bf16
-    within one bf16 step (the delta's product runs in bf16 there); other LoRA variants (DoRA)
-    are left to peft's own delta."""
+    within bf16's rounding of the terms (the delta's product runs in bf16 there); other LoRA
+    variants (DoRA) are left to peft's own delta."""
     from peft import LoraConfig, get_peft_model
 
     from grpo_course.sampling import _lora_factors, _weight
