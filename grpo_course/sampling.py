@@ -159,8 +159,11 @@ def _stacked_weight(modules: list[torch.nn.Module], dtype: torch.dtype) -> torch
     stacked by rows, in ``dtype``: each is copied once into one buffer and its LoRA delta added
     there in place (``addmm_``: the base, plus scaling * B @ A in ``dtype``'s matrix product,
     rounded once). Merging in fp32 and casting made three full-size temporaries per weight:
-    a snapshot of the bundled model took ~90 ms that way."""
+    a snapshot of the bundled model took ~90 ms that way. A single plain weight already in
+    ``dtype`` is used as it is, not copied."""
     weights = [m.base_layer.weight if hasattr(m, "base_layer") else m.weight for m in modules]
+    if len(modules) == 1 and weights[0].dtype == dtype and _lora_factors(modules[0]) == []:
+        return weights[0].detach()
     out = torch.empty(sum(w.shape[0] for w in weights), weights[0].shape[1], dtype=dtype)
     for module, weight, piece in zip(modules, weights, out.split([w.shape[0] for w in weights])):
         factors = _lora_factors(module)

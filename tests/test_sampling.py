@@ -309,3 +309,14 @@ def test_choose_inverts_the_distribution_and_returns_its_log_probs():
         torch.testing.assert_close(logps, full[tokens], atol=1e-5, rtol=1e-5)
     tokens, logps = _choose(logits, 0.0, 1.0, None)
     assert int(tokens) == 0 and torch.allclose(logps, torch.log_softmax(logits, -1)[:, 0])
+
+
+def test_snapshot_shares_a_plain_weight_already_in_its_dtype():
+    """A weight the sampler would only copy (no adapter, already in the sampling dtype) is read
+    in place: the snapshot holds no second copy of it."""
+    model = tiny_model(seed=5)
+    layer = model.model.layers[0]
+    fast = FastLlama(model, model.dtype)
+    assert fast.layers[0][2].data_ptr() == layer.self_attn.o_proj.weight.data_ptr()
+    assert fast.layers[0][5].data_ptr() == layer.mlp.down_proj.weight.data_ptr()
+    assert fast.layers[0][1].data_ptr() != layer.self_attn.q_proj.weight.data_ptr()   # q, k, v stacked
