@@ -98,8 +98,8 @@ def _choose(logits: torch.Tensor, temperature: float, top_p: float,
     Sampling inverts the cumulative distribution with one uniform number per row
     (``uniform`` [rows, 1]; ``torch.multinomial`` draws one exponential per vocabulary
     entry: 4x slower here). The distribution is left unnormalised (the uniform number is
-    scaled by its sum instead): 8 rows of the bundled model's vocabulary took 0.33 ms so and
-    1.37 ms through logsumexp and normalised probabilities.
+    scaled by its sum instead): 8 rows of the bundled model's vocabulary took 0.33 ms this way
+    and 1.37 ms through logsumexp and normalised probabilities.
     """
     if temperature <= 0:  # greedy
         logps = torch.log_softmax(logits.float(), dim=-1)
@@ -108,13 +108,14 @@ def _choose(logits: torch.Tensor, temperature: float, top_p: float,
     scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
     top = scaled.amax(-1, keepdim=True)
     weights = (scaled - top).exp_()       # unnormalised probabilities: u is scaled by their sum
-    total = weights.sum(-1, keepdim=True) if top_p < 1.0 else None
-    if top_p < 1.0:
+    if top_p < 1.0:     # draw within the nucleus; the log-prob stays the whole distribution's
+        total = weights.sum(-1, keepdim=True)
         sorted_w, order = weights.sort(dim=-1, descending=True)
         keep = sorted_w.cumsum(-1) - sorted_w < top_p * total
         weights = torch.zeros_like(weights).scatter(-1, order, sorted_w * keep)
     cdf = weights.cumsum_(-1)             # contiguous, as searchsorted wants its boundaries
-    total = cdf[:, -1:] if total is None else total
+    if top_p >= 1.0:
+        total = cdf[:, -1:]
     tokens = torch.searchsorted(cdf, uniform.to(cdf.dtype) * cdf[:, -1:], right=True)
     tokens = tokens.squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
     return tokens, (scaled.gather(-1, tokens[:, None]) - top - total.log()).squeeze(-1)
@@ -162,11 +163,12 @@ def _stacked_weight(modules: list[torch.nn.Module], dtype: torch.dtype) -> torch
     a snapshot of the bundled model took ~90 ms that way. A single plain weight already in
     ``dtype`` is used as it is, not copied."""
     weights = [m.base_layer.weight if hasattr(m, "base_layer") else m.weight for m in modules]
-    if len(modules) == 1 and weights[0].dtype == dtype and _lora_factors(modules[0]) == []:
+    adapters = [_lora_factors(m) for m in modules]
+    if len(modules) == 1 and weights[0].dtype == dtype and adapters[0] == []:
         return weights[0].detach()
     out = torch.empty(sum(w.shape[0] for w in weights), weights[0].shape[1], dtype=dtype)
-    for module, weight, piece in zip(modules, weights, out.split([w.shape[0] for w in weights])):
-        factors = _lora_factors(module)
+    pieces = out.split([w.shape[0] for w in weights])
+    for module, weight, factors, piece in zip(modules, weights, adapters, pieces):
         if factors is None:
             piece.copy_(_weight(module).detach())
             continue
@@ -510,7 +512,7 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
             next_pos = next_pos + 1
     T = step + 1
     truncated = torch.zeros(B, dtype=torch.bool)
-    truncated[rows.clone()] = alive.clone()
+    truncated[rows] = alive
     completion_ids, completion_mask = tokens_out[:, :T], live_out[:, :T]
     if was_training:
         model.train()
