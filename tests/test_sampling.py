@@ -179,11 +179,12 @@ def test_lora_delta_is_used(tiny):
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)
-    base_w = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
-    fast = FastLlama(model)
-    assert not torch.allclose(fast.layers[0][1][:base_w.shape[0]], base_w)
+    from grpo_course.sampling import _stacked_weight
+
+    q_proj = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert not torch.allclose(_stacked_weight([q_proj], torch.float32), q_proj.base_layer.weight)
     with model.disable_adapter():
-        assert torch.equal(FastLlama(model).layers[0][1][:base_w.shape[0]], base_w)
+        assert torch.equal(_stacked_weight([q_proj], torch.float32), q_proj.base_layer.weight)
     tok = tiny_tokenizer()
     a = sample_completions(model, tok, PROMPTS, 2, 12, seed=9, fast=True)
     b = sample_completions(model, tok, PROMPTS, 2, 12, seed=9, fast=False)
@@ -260,7 +261,7 @@ def test_snapshot_adds_the_lora_delta_in_place():
     variants (DoRA) are left to peft's own delta."""
     from peft import LoraConfig, get_peft_model
 
-    from grpo_course.sampling import _lora_factors, _weight
+    from grpo_course.sampling import _lora_factors, _stacked_weight, _weight
 
     model = get_peft_model(tiny_model(seed=4),
                            LoraConfig(r=4, target_modules=["q_proj", "v_proj", "up_proj"]))
@@ -269,8 +270,8 @@ def test_snapshot_adds_the_lora_delta_in_place():
             torch.nn.init.normal_(p, std=0.5)
     att = model.base_model.model.model.layers[0].self_attn
     merged = torch.cat([_weight(m) for m in (att.q_proj, att.k_proj, att.v_proj)]).detach()
-    torch.testing.assert_close(FastLlama(model, torch.float32).layers[0][1], merged,
-                               atol=1e-6, rtol=1e-6)
+    qkv = [att.q_proj, att.k_proj, att.v_proj]
+    torch.testing.assert_close(_stacked_weight(qkv, torch.float32), merged, atol=1e-6, rtol=1e-6)
     # bf16: the factors and the sum are rounded, so within 2^-7 of the sum of the terms' sizes
     size = []
     for m in (att.q_proj, att.k_proj, att.v_proj):
@@ -278,7 +279,7 @@ def test_snapshot_adds_the_lora_delta_in_place():
         for name in (n for n in getattr(m, "active_adapters", ()) if n in m.lora_A):
             w = w + m.scaling[name] * m.lora_B[name].weight.abs() @ m.lora_A[name].weight.abs()
         size.append(w.detach())
-    stacked = FastLlama(model, torch.bfloat16).layers[0][1].float()
+    stacked = _stacked_weight(qkv, torch.bfloat16).float()
     assert ((stacked - merged).abs() <= torch.cat(size) * 2 ** -7).all()
     assert len(_lora_factors(att.q_proj)) == 1 and _lora_factors(att.k_proj) == []
     dora = get_peft_model(tiny_model(seed=4), LoraConfig(r=4, target_modules=["q_proj"],
@@ -317,6 +318,38 @@ def test_snapshot_shares_a_plain_weight_already_in_its_dtype():
     model = tiny_model(seed=5)
     layer = model.model.layers[0]
     fast = FastLlama(model, model.dtype)
-    assert fast.layers[0][2].data_ptr() == layer.self_attn.o_proj.weight.data_ptr()
-    assert fast.layers[0][5].data_ptr() == layer.mlp.down_proj.weight.data_ptr()
-    assert fast.layers[0][1].data_ptr() != layer.self_attn.q_proj.weight.data_ptr()   # q, k, v stacked
+    qkv, o_proj, gate_up, down_proj = fast.layers[0]
+    assert o_proj.data_ptr() == layer.self_attn.o_proj.weight.data_ptr()
+    assert down_proj.data_ptr() == layer.mlp.down_proj.weight.data_ptr()
+    assert qkv.data_ptr() != layer.self_attn.q_proj.weight.data_ptr()   # q, k, v stacked
+
+
+def test_fast_decoder_computes_the_models_logits():
+    """The decoder folds each RMSNorm's weight into the matrix after it and reorders the query
+    and key rows for its complex rotary product: in fp32 its logits are the model's, at the
+    prompt (left-padded) and at every decoded position, with norm weights that are not all 1."""
+    model, tok = tiny_model(seed=6), tiny_tokenizer()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=g))
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    fast = FastLlama(model, torch.float32)
+    steps = 5
+    fast.allocate(len(PROMPTS), ids.shape[1] + steps, torch.float32)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = [fast.prefill(ids, mask, positions, 1)]
+    new = torch.randint(4, 64, (len(PROMPTS), steps), generator=g)
+    for t in range(steps - 1):
+        full = torch.cat([mask, torch.ones(len(PROMPTS), t + 1, dtype=mask.dtype)], 1)
+        logits.append(fast.decode(new[:, t], positions[:, -1] + 1 + t, full.bool(),
+                                  ids.shape[1] + t))
+    all_ids = torch.cat([ids, new[:, :steps - 1]], 1)
+    all_mask = torch.cat([mask, torch.ones_like(new[:, :steps - 1])], 1)
+    with torch.no_grad():
+        expected = model(input_ids=all_ids, attention_mask=all_mask,
+                         position_ids=(all_mask.cumsum(-1) - 1).clamp(min=0)).logits
+    torch.testing.assert_close(torch.stack(logits, 1), expected[:, ids.shape[1] - 1:],
+                               atol=1e-4, rtol=1e-4)
