@@ -268,78 +268,61 @@ def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                alpha=D ** -0.5)
         return torch.bmm(scores.softmax(-1), v3).view(B, K, R, D)
     k3, v3 = k.flatten(0, 1).contiguous(), v.flatten(0, 1).contiguous()
-    scores = torch.bmm(q.reshape(B * K, R, D).to(k3.dtype), k3.transpose(1, 2))
+    scores = torch.bmm(q.reshape(B * K, R, D), k3.transpose(1, 2))
     scores = scores.float().mul_(D ** -0.5).add_(bias).softmax(-1).to(v.dtype)
     return torch.bmm(scores, v3).view(B, K, R, D)
 
 
-def _rope(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x`` [..., D] whose rotation pairs sit side by side (dims 2i, 2i+1:
-    :func:`_rotary_pairs_adjacent`), in fp32: each pair times ``rotation`` [..., D/2], the
-    complex number cos + i sin of its angle."""
-    pairs = torch.view_as_complex(x.float().contiguous().unflatten(-1, (-1, 2)))
-    return torch.view_as_real(pairs * rotation).flatten(-2)
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding over the last dim: ``x * cos + rotate_half(x) * sin``, with
+    rotate_half's sign folded into ``signed_sin`` (:func:`_signed_sin`) so that the rotation is
+    one ``roll``."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
 
 
-def _rotary_pairs_adjacent(heads: int, head_dim: int) -> torch.Tensor:
-    """Row order that moves each head's rotary pairs side by side: transformers' Llama rotates
-    dims (i, i + D/2) together; reordered, pair i is dims (2i, 2i+1), one complex number. The
-    same order for queries and keys leaves every q.k product as it was."""
-    half = torch.arange(head_dim // 2)
-    within = torch.stack([half, half + head_dim // 2], -1).flatten()
-    return (torch.arange(heads)[:, None] * head_dim + within).flatten()
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], -1)
 
 
 class FastLlama:
-    """A weight snapshot of a Llama model with a preallocated KV cache, for sampling.
-
-    The same computation as the model, in fewer operations per layer (at a few rows per step
-    their count, not their arithmetic, sets the pace):
-    - the residual stream stays in fp32 and is added to in place;
-    - each RMSNorm's weight is folded into the fused matrix it feeds (q/k/v, gate/up), so a norm
-      is one scale per row;
-    - the query and key rows of that matrix are reordered so that rotary pairs are adjacent:
-      the rotation is one complex product (:func:`_rope`).
-    Decode step, bundled model, bf16, cache growing to prompt + 128 (four alternating runs):
-    8 rows 15.4-15.7 ms, against 16.6-17.6 ms with the operations as transformers writes them
-    (norm weight multiplied separately, rotation by ``roll``, residual stream in bf16); 32 rows
-    36.2-37.7 against 37.1-38.1 ms."""
+    """A weight snapshot of a Llama model with a preallocated KV cache, for sampling."""
 
     def __init__(self, model, dtype: torch.dtype | None = None):
         base = _base(model)
         cfg = base.config
         self.dtype = dtype or next(model.parameters()).dtype
         stack = lambda *modules: _stacked_weight(list(modules), self.dtype)
-        H, K = self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
-        D = self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.rotary = base.model.rotary_emb
-        self.eps = torch.tensor(float(cfg.rms_norm_eps))
-        self.hidden = cfg.hidden_size
         # the embedding is gathered from the model's own weight and cast per token: no second copy
         self.embed = base.model.embed_tokens.weight.detach()
-        # the output layer may be the model's own weight (no copy): its norm weight is not folded
-        self.norm_weight = base.model.norm.weight.detach().float()
+        self.norm = self._rms_norm(base.model.norm)
         self.lm_head = stack(base.lm_head)
-        pairs = _rotary_pairs_adjacent(H + K, D)
         self.layers = []
         for layer in base.model.layers:
             att, mlp = layer.self_attn, layer.mlp
-            qkv = stack(att.q_proj, att.k_proj, att.v_proj)          # fresh buffers: stacked
-            qkv[:(H + K) * D] = qkv[pairs]
-            qkv.mul_(layer.input_layernorm.weight.detach().to(self.dtype))
-            gate_up = stack(mlp.gate_proj, mlp.up_proj)
-            gate_up.mul_(layer.post_attention_layernorm.weight.detach().to(self.dtype))
-            self.layers.append((qkv, stack(att.o_proj), gate_up, stack(mlp.down_proj)))
-        self.inter = self.layers[0][2].shape[0] // 2
+            self.layers.append((
+                self._rms_norm(layer.input_layernorm),
+                stack(att.q_proj, att.k_proj, att.v_proj),
+                stack(att.o_proj),
+                self._rms_norm(layer.post_attention_layernorm),
+                stack(mlp.gate_proj, mlp.up_proj),
+                stack(mlp.down_proj),
+            ))
+        self.inter = self.layers[0][4].shape[0] // 2
 
-    def _normed(self, h: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-        """RMSNorm of the fp32 rows ``h`` (times ``weight`` where it is not folded), in the
-        snapshot's dtype: rsqrt(mean(h^2) + eps) from one vector norm."""
-        norm = torch.linalg.vector_norm(h, dim=-1, keepdim=True)
-        scale = torch.addcmul(self.eps, norm, norm, value=1 / self.hidden).rsqrt_()
-        if weight is not None:
-            scale = scale * weight
-        return torch.mul(h, scale, out=torch.empty(h.shape, dtype=self.dtype))
+    def _rms_norm(self, norm: torch.nn.Module):
+        """Llama's RMSNorm (statistics in fp32), returning the snapshot's dtype."""
+        weight = norm.weight.detach().float()
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+        dtype = self.dtype      # not ``self``: a closure over it would keep the snapshot alive
+
+        def apply(h: torch.Tensor) -> torch.Tensor:
+            return F.rms_norm(h.float(), weight.shape, weight, eps).to(dtype)
+        return apply
 
     def allocate(self, batch: int, length: int, dtype: torch.dtype) -> None:
         # one cache tensor per layer: dropping finished rows (select) then copies one layer at a
@@ -353,44 +336,43 @@ class FastLlama:
         # decoding multiplies every weight by a few rows per step: reorder the weights once (a
         # second copy of them: not in low-memory mode, where each product re-packs its weight)
         pack = (lambda w: None) if memory.low_memory() else (lambda w: _prepack(w, batch))
-        self.packed = [tuple(pack(w) for w in weights) for weights in self.layers]
+        self.packed = [tuple(pack(w) for w in (wqkv, wo, wgu, wd))
+                       for _, wqkv, wo, _, wgu, wd in self.layers]
         self.packed_head = pack(self.lm_head)
 
-    def _rotation(self, h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """cos + i sin of each rotary angle at ``positions``: [..., L, D/2], complex64."""
-        cos, sin = self.rotary(h, positions)
-        half = self.head_dim // 2
-        return torch.complex(cos[..., :half].float(), sin[..., :half].float())
+    def _rotary(self, h: torch.Tensor, positions: torch.Tensor):
+        cos, sin = (c.to(self.dtype) for c in self.rotary(h.float(), positions))
+        return cos, _signed_sin(sin)
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                 repeat: int) -> torch.Tensor:
         """Run the prompts [P, L] once; write their K/V ``repeat`` times; last logits [P*repeat, V]."""
         P, L = ids.shape
-        h = F.embedding(ids, self.embed).float()
-        rotation = self._rotation(h, positions)[:, None]                 # [P, 1, L, D/2]
+        h = F.embedding(ids, self.embed).to(self.dtype)
+        cos, sin = self._rotary(h, positions)
+        cos, sin = cos[:, None], sin[:, None]
         keep = torch.ones(L, L, dtype=torch.bool).tril()[None, None] & mask.bool()[:, None, None, :]
         keep = keep | torch.eye(L, dtype=torch.bool)  # pad rows attend to themselves: no NaN
         H, K, D = self.n_heads, self.n_kv, self.head_dim
-        for i, (wqkv, wo, wgu, wd) in enumerate(self.layers):
+        for i, (n1, wqkv, wo, n2, wgu, wd) in enumerate(self.layers):
             p_qkv, p_o, p_gu, p_d = self.packed[i]
-            qkv = _linear(self._normed(h), wqkv, p_qkv).view(P, L, H + 2 * K, D).transpose(1, 2)
-            qk = _rope(qkv[:, :H + K], rotation).to(self.dtype)
-            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + K:]
+            qkv = _linear(n1(h), wqkv, p_qkv).view(P, L, H + 2 * K, D).transpose(1, 2)
+            q, k, v = qkv.split([H, K, K], 1)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
             self.k[i][:, :, :L] = k.repeat_interleave(repeat, 0)
             self.v[i][:, :, :L] = v.repeat_interleave(repeat, 0)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
-            h += _linear(a.transpose(1, 2).reshape(P, L, H * D), wo, p_o)
-            g, u = _linear(self._normed(h), wgu, p_gu).split(self.inter, -1)
-            h += _linear(F.silu(g) * u, wd, p_d)
+            h = h + _linear(a.transpose(1, 2).reshape(P, L, H * D), wo, p_o)
+            g, u = _linear(n2(h), wgu, p_gu).split(self.inter, -1)
+            h = h + _linear(F.silu(g) * u, wd, p_d)
         self.written = L
         return self._logits(h[:, -1]).repeat_interleave(repeat, 0)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        x = self._normed(h, self.norm_weight)
         if self.packed_head is not None:
-            return _linear(x, self.lm_head, self.packed_head).float()
+            return _linear(self.norm(h), self.lm_head, self.packed_head).float()
         # [V, d] @ [d, B]: the vocabulary as the long side is ~1.5x faster than F.linear at small B
-        return (self.lm_head @ x.T).T.float()
+        return (self.lm_head @ self.norm(h).T).T.float()
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only the cache rows ``rows`` (sequences that are still decoding); only the slots
@@ -406,27 +388,28 @@ class FastLlama:
         """One token per row at cache slot ``t``; ``keep`` [B, t+1] marks attendable slots."""
         B = tokens.shape[0]
         H, K, D = self.n_heads, self.n_kv, self.head_dim
-        h = F.embedding(tokens, self.embed).float()                  # [B, d], fp32 residual
-        rotation = self._rotation(h, positions[:, None])             # [B, 1, D/2]
+        h = F.embedding(tokens, self.embed).to(self.dtype)         # [B, d]
+        cos, sin = self._rotary(h[:, None], positions[:, None])    # [B, 1, D]
         # the mask as an additive bias, made once for all layers: [B*K, H/K, t+1]
         bias = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))
         bias = bias[:, None, None].expand(B, K, H // K, -1).reshape(B * K, H // K, -1)
-        for i, (wqkv, wo, wgu, wd) in enumerate(self.layers):
+        for i, (n1, wqkv, wo, n2, wgu, wd) in enumerate(self.layers):
             p_qkv, p_o, p_gu, p_d = self.packed[i]
-            qkv = _linear(self._normed(h), wqkv, p_qkv).view(B, H + 2 * K, D)
-            qk = _rope(qkv[:, :H + K], rotation)                      # q and k heads, fp32
+            qkv = _linear(n1(h), wqkv, p_qkv).view(B, H + 2 * K, D)
+            qk = _rope(qkv[:, :H + K], cos, sin)                    # q and k heads together
             self.k[i][:, :, t] = qk[:, H:]
             self.v[i][:, :, t] = qkv[:, H + K:]
             # grouped-query attention: the H/K query heads of a KV head act as K query rows
             q = qk[:, :H].reshape(B, K, H // K, D)
             a = _decode_attention(q, self.k[i][:, :, :t + 1], self.v[i][:, :, :t + 1], bias)
-            h += _linear(a.view(B, H * D).to(self.dtype), wo, p_o)
-            g, u = _linear(self._normed(h), wgu, p_gu).split(self.inter, -1)
-            h += _linear(F.silu(g) * u, wd, p_d)
+            h = h + _linear(a.view(B, H * D).to(self.dtype), wo, p_o)
+            g, u = _linear(n2(h), wgu, p_gu).split(self.inter, -1)
+            h = h + _linear(F.silu(g) * u, wd, p_d)
         self.written = t + 1
         return self._logits(h)
 
 
+# ---------------------------------------------------------------- the sampler
 def _eos_ids(model, tokenizer) -> torch.Tensor:
     eos_ids = {tokenizer.eos_token_id}
     extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

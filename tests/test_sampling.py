@@ -318,16 +318,15 @@ def test_snapshot_shares_a_plain_weight_already_in_its_dtype():
     model = tiny_model(seed=5)
     layer = model.model.layers[0]
     fast = FastLlama(model, model.dtype)
-    qkv, o_proj, gate_up, down_proj = fast.layers[0]
+    _, qkv, o_proj, _, gate_up, down_proj = fast.layers[0]
     assert o_proj.data_ptr() == layer.self_attn.o_proj.weight.data_ptr()
     assert down_proj.data_ptr() == layer.mlp.down_proj.weight.data_ptr()
     assert qkv.data_ptr() != layer.self_attn.q_proj.weight.data_ptr()   # q, k, v stacked
 
 
 def test_fast_decoder_computes_the_models_logits():
-    """The decoder folds each RMSNorm's weight into the matrix after it and reorders the query
-    and key rows for its complex rotary product: in fp32 its logits are the model's, at the
-    prompt (left-padded) and at every decoded position, with norm weights that are not all 1."""
+    """In fp32 the decoder's logits are the model's, at the prompt (left-padded) and at every
+    decoded position, with norm weights that are not all 1 (a fresh model's are)."""
     model, tok = tiny_model(seed=6), tiny_tokenizer()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
