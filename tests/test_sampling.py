@@ -269,12 +269,12 @@ def test_snapshot_adds_the_lora_delta_in_place():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)
     att = model.base_model.model.model.layers[0].self_attn
-    merged = torch.cat([_weight(m) for m in (att.q_proj, att.k_proj, att.v_proj)]).detach()
     qkv = [att.q_proj, att.k_proj, att.v_proj]
+    merged = torch.cat([_weight(m) for m in qkv]).detach()
     torch.testing.assert_close(_stacked_weight(qkv, torch.float32), merged, atol=1e-6, rtol=1e-6)
     # bf16: the factors and the sum are rounded, so within 2^-7 of the sum of the terms' sizes
     size = []
-    for m in (att.q_proj, att.k_proj, att.v_proj):
+    for m in qkv:
         w = getattr(m, "base_layer", m).weight.abs()
         for name in (n for n in getattr(m, "active_adapters", ()) if n in m.lora_A):
             w = w + m.scaling[name] * m.lora_B[name].weight.abs() @ m.lora_A[name].weight.abs()
