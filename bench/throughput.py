@@ -3,6 +3,7 @@
     python bench/throughput.py            # one JSON line: ours, trl, ratio, sampling tok/s
     python bench/throughput.py --sweep    # also the cost curve against G and completion length
     python bench/throughput.py --only ours --steps 2
+    python bench/throughput.py --train-micro-batch all   # ours: every group in one pass
 
 Each trainer runs in its own subprocess (so peak RSS is its own): one warm-up step,
 then ``--steps`` timed steps on the same GSM8K train prompts, with the same model
@@ -11,13 +12,14 @@ then ``--steps`` timed steps on the same GSM8K train prompts, with the same mode
 equal out of the training pass (their gradient is exactly 0; the update is unchanged).
 ``ours_all_groups`` runs the training pass on every group, i.e. the same FLOPs as TRL;
 the sweep (cost curve) uses that mode. The course trainer runs one group per forward/backward
-pass, as chapter 3's full profile does. Each trainer uses its own precision: the course
-trainer's ``auto`` (bf16 sampling and training pass where the CPU has native bf16, fp32
-elsewhere). TRL is timed in every precision mode of ``TRL_MODES`` (fp32, bf16 autocast, bf16
-weights + autocast) without activation checkpointing, then its fastest mode again with
-checkpointing (TRL's default); ``trl_best`` is the fastest of them all and ``ratio_vs_best``
-compares against it (``trl``, the fp32 run, is kept for the old ratio). The JSON line records
-the CPU flags, torch version and every setting. Results are also written to
+pass, as chapter 3's full profile does (``--train-micro-batch all``: every group of the step in
+one pass, as TRL does; faster, with twice the activations in memory). Each trainer uses its
+own precision: the course trainer's ``auto`` (bf16 sampling and training pass where the CPU
+has native bf16, fp32 elsewhere). TRL is timed in every precision mode of ``TRL_MODES`` (fp32,
+bf16 autocast, bf16 weights + autocast) without activation checkpointing, then its fastest
+mode again with checkpointing (TRL's default); ``trl_best`` is the fastest of them all and
+``ratio_vs_best`` compares against it (``trl``, the fp32 run, is kept for the old ratio). The
+JSON line records the CPU flags, torch version and every setting. Results are also written to
 ``data/throughput.json`` for chapter 3's plots.
 """
 from __future__ import annotations
@@ -41,14 +43,20 @@ from grpo_course.errors import OneLineArgumentParser  # noqa: E402
 from grpo_course.hardware import available_cores, bench_facts, peak_rss_mib  # noqa: E402
 
 
-def bench_config(G: int, completions: int, length: int):
+#: ``--train-micro-batch``: the completions each forward/backward pass of the course trainer takes
+#: (``GRPOConfig.train_micro_batch``: G, or None for all); the update is the same either way
+MICRO_BATCHES = {"group": "G (one group per forward/backward pass)",
+                 "all": "all (every group in one forward/backward pass)"}
+
+
+def bench_config(G: int, completions: int, length: int, micro: str = "group"):
     """The course trainer's settings: its defaults, with one group per forward/backward pass as
     chapter 3's full profile trains (the same update; the activations of G completions in memory
-    at a time, not of the whole step's)."""
+    at a time, not of the whole step's), or with ``micro="all"`` every group in one pass."""
     from grpo_course.config import GRPOConfig
     return GRPOConfig(num_generations=G, per_step_completions=completions,
                       max_completion_length=length, sft_steps=0, max_steps=1, seed=0,
-                      train_micro_batch=G)
+                      train_micro_batch=G if micro == "group" else None)
 
 
 def summarize(seconds: list[float], tokens: list[int], completions: int) -> dict:
@@ -58,12 +66,13 @@ def summarize(seconds: list[float], tokens: list[int], completions: int) -> dict
             "step_seconds": seconds, "peak_rss_mib": peak_rss_mib()}
 
 
-def worker_ours(G: int, completions: int, length: int, steps: int, all_groups: bool) -> dict:
+def worker_ours(G: int, completions: int, length: int, steps: int, all_groups: bool,
+                micro: str = "group") -> dict:
     from grpo_course.data import load_gsm8k
     from grpo_course.models import load_model
     from grpo_course.train import CourseTrainer
 
-    cfg = bench_config(G, completions, length)
+    cfg = bench_config(G, completions, length, micro)
     model, tok = load_model(cfg.model)
     P = cfg.prompts_per_step
     data = load_gsm8k("train", limit=P * (steps + 1))
@@ -146,7 +155,7 @@ def fastest_run(runs: dict[str, dict]) -> str | None:
     return min(good, key=lambda m: good[m]["s_per_step"]) if good else None
 
 
-def settings() -> dict:
+def settings(micro: str = "group") -> dict:
     """Every setting of both trainers that the benchmark does not vary."""
     from grpo_course.config import GRPOConfig
     from grpo_course.memory import ONEDNN_CACHES
@@ -160,7 +169,7 @@ def settings() -> dict:
                      "train_dtype": train_dtype, "use_lora": cfg.use_lora,
                      # a bf16 training pass holds the frozen base in bf16 (grpo_course.precision)
                      "frozen_base_dtype": train_dtype,
-                     "train_micro_batch": "G (one group per forward/backward pass)",
+                     "train_micro_batch": MICRO_BATCHES[micro],
                      "lora_r": cfg.lora_r, "loss_type": cfg.loss_type, "beta": cfg.beta,
                      "num_iterations": 1, "learning_rate": cfg.learning_rate},
             "trl": {k: v for k, v in FIXED_TRL_FIELDS.items() if not callable(v)},
@@ -187,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trl-modes", default=",".join(TRL_MODES),
                    help=f"TRL precision modes to time, comma-separated ({', '.join(TRL_MODES)})")
     p.add_argument("--only", choices=["ours", "trl", "sampling"], default=None)
+    p.add_argument("--train-micro-batch", choices=list(MICRO_BATCHES), default="group",
+                   help="completions per forward/backward pass of the course trainer: one group "
+                        "(G, as chapter 3 trains) or all of the step's (default: group)")
     p.add_argument("--sweep", action="store_true", help="cost curve against G and length")
     p.add_argument("--out", default=str(ROOT / "data" / "throughput.json"))
     p.add_argument("--timeout", type=float, default=3600)
@@ -213,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         from grpo_course.models import set_threads
         set_threads()
         if a.worker == "ours":
-            res = worker_ours(a.num_generations, a.completions, a.length, a.steps, a.all_groups)
+            res = worker_ours(a.num_generations, a.completions, a.length, a.steps, a.all_groups,
+                              a.train_micro_batch)
         elif a.worker == "trl":
             res = worker_trl(a.num_generations, a.completions, a.length, a.steps, a.trl_mode,
                              a.checkpointing)
@@ -227,13 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"config": {"num_generations": a.num_generations,
                                "completions_per_step": a.completions,
                                "max_completion_length": a.length, "timed_steps": a.steps,
-                               "threads": available_cores()},
+                               "threads": available_cores(),
+                               "train_micro_batch": a.train_micro_batch},
                      "measured": {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
                                   "cpus": os.cpu_count(), **bench_facts()},
-                     "settings": settings()}
+                     "settings": settings(a.train_micro_batch)}
+    micro = ["--train-micro-batch", a.train_micro_batch]     # the course trainer's workers
     if a.only in (None, "ours"):
-        result["ours"] = spawn(["--worker", "ours", *base], a.timeout)
-        result["ours_all_groups"] = spawn(["--worker", "ours", "--all-groups", *base], a.timeout)
+        result["ours"] = spawn(["--worker", "ours", *micro, *base], a.timeout)
+        result["ours_all_groups"] = spawn(["--worker", "ours", "--all-groups", *micro, *base],
+                                          a.timeout)
     if a.only in (None, "trl"):
         runs = {m: spawn(["--worker", "trl", "--trl-mode", m, *base], a.timeout) for m in modes}
         fastest = fastest_run(runs)
@@ -265,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.sweep:
         sweep = []
         for G, length in [(2, 128), (4, 128), (8, 128), (4, 32), (4, 64), (4, 256)]:
-            res = spawn(["--worker", "ours", "--all-groups", "-G", str(G), "--completions",
+            res = spawn(["--worker", "ours", "--all-groups", *micro, "-G", str(G), "--completions",
                          str(2 * G), "--length", str(length), "--steps", "2"], a.timeout)
             sweep.append({"num_generations": G, "completions": 2 * G, "length": length, **res})
         result["sweep"] = sweep

@@ -322,6 +322,7 @@ def test_quantize_corrupt_variant_description(tmp_path, capsys):
     ("throughput", ["--only", "bogus"], ["'bogus'"]),
     ("throughput", ["--trl-modes", "fp32,fp8"], ["--trl-modes", "fp8"]),
     ("throughput", ["--out", "{tmp}"], ["--out", "{tmp}"]),
+    ("throughput", ["--train-micro-batch", "2"], ["--train-micro-batch", "'2'"]),
     ("memory", ["--profiles", "full,huge"], ["--profiles", "huge"]),
     ("memory", ["--chapters", "09"], ["--chapters", "'09'"]),
     ("memory", ["--interval", "0"], ["--interval", "0"]),
@@ -334,3 +335,11 @@ def test_bench_bad_options(script, args, values, tmp_path, capsys):
         _bench(script).main(list(map(fill, args)))
     assert exit_.value.code == 2
     one_line(capsys, *map(fill, values))
+
+
+def test_throughput_train_micro_batch_sets_the_course_trainers_passes():
+    bench = _bench("throughput")
+    assert bench.bench_config(4, 8, 128).train_micro_batch == 4          # one group per pass
+    assert bench.bench_config(4, 8, 128, "all").train_micro_batch is None  # the whole step
+    assert bench.settings("all")["ours"]["train_micro_batch"] == bench.MICRO_BATCHES["all"]
+    assert bench.settings()["ours"]["train_micro_batch"] == bench.MICRO_BATCHES["group"]
