@@ -56,7 +56,7 @@ def bench_config(G: int, completions: int, length: int, micro: str = "group"):
     from grpo_course.config import GRPOConfig
     return GRPOConfig(num_generations=G, per_step_completions=completions,
                       max_completion_length=length, sft_steps=0, max_steps=1, seed=0,
-                      train_micro_batch=G if micro == "group" else None)
+                      train_micro_batch={"group": G, "all": None}[micro])
 
 
 def summarize(seconds: list[float], tokens: list[int], completions: int) -> dict:
