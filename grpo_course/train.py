@@ -49,6 +49,7 @@ from .memory import low_memory, trim_heap
 from .precision import frozen_linear_weights_as, hold_frozen_weights_in
 from .grpo import (course_attention, group_advantages, grpo_loss, norms_cast_once,
                    per_token_logps, zero_std_groups)
+from .rewards import weighted_sum
 from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
@@ -66,10 +67,11 @@ def _default_rewards(weights: dict[str, float]) -> dict[str, Callable]:
 
 
 def checked_rewards(name: str, values, expected: int) -> torch.Tensor:
-    """Reward function ``name``'s output as a float tensor, or :class:`RewardError` naming the
-    function when it is not ``expected`` finite numbers (one per completion)."""
+    """Reward function ``name``'s output as a float64 tensor (the values as given), or
+    :class:`RewardError` naming the function when it is not ``expected`` finite numbers (one
+    per completion)."""
     try:
-        rewards = torch.as_tensor(values, dtype=torch.float32).reshape(-1)
+        rewards = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise RewardError(f"reward function {name!r} returned {type(values).__name__}, not "
                           f"{expected} numbers ({exc})") from None
@@ -87,12 +89,20 @@ def score_groups(completions: list, rows: dict[str, list], reward_funcs: dict[st
                  weights: dict[str, float], G: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted reward [B] and each function's rewards of ``completions`` (G per prompt of
     ``rows``); every column but ``question`` reaches the rewards as a keyword list, repeated G
-    times (as in TRL). A function left out of ``weights`` is scored with weight 0."""
+    times (as in TRL). A function left out of ``weights`` is scored with weight 0.
+
+    The weighted sum is :func:`grpo_course.rewards.weighted_sum`'s, of the values as the
+    functions returned them, rounded to float32 once: the very rewards of a step written out
+    with ``score_completions`` and ``weighted_sum`` (chapter 3). One float32 ulp apart, the two
+    steps' advantages differ by ~1e-7, and a frozen base held in bf16 turns that into different
+    bf16 roundings and a gradient ~1 % apart."""
     columns = {k: [v for v in values for _ in range(G)] for k, values in rows.items()
                if k != "question"}
     per_func = {n: checked_rewards(n, fn(completions, **columns), len(completions))
                 for n, fn in reward_funcs.items()}
-    return sum(weights.get(n, 0.0) * r for n, r in per_func.items()), per_func
+    total = weighted_sum({n: r.tolist() for n, r in per_func.items()}, weights)
+    return (torch.tensor(total, dtype=torch.float32),
+            {n: r.float() for n, r in per_func.items()})
 
 
 def correct_completions(per_func: dict[str, torch.Tensor]) -> int | None:
