@@ -28,6 +28,7 @@ from .answers import answers_match  # the course's one correctness rule (also th
 from .atomic import atomic_write, write_json_atomic
 from .config import RUN_CONFIG_FILE, SAMPLING_DTYPES, ConfigError, load_run_config
 from .errors import CourseError, OneLineArgumentParser, report
+from .fingerprint import code_fingerprint
 from .data import SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k
 from .rewards import computed_results
 
@@ -176,6 +177,27 @@ def _cache_file(key: dict[str, Any]) -> Path:
 EVAL_BLOCK = 64
 
 
+#: the modules whose code decides an evaluation's records (decoding, prompts, answer checking,
+#: scoring): a change to any of them is a new cache entry
+EVAL_MODULES = ("grpo_course.evaluate", "grpo_course.sampling", "grpo_course.data",
+                "grpo_course.answers", "grpo_course.rewards")
+
+
+def _read_cached(path: Path) -> dict[str, Any] | None:
+    """The stored evaluation at ``path``, or ``None`` when there is none or it cannot be read
+    (cut short by a full disk, say: then it is decoded again and rewritten, with one line)."""
+    if not path.exists():
+        return None
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(stored["records"], list) and isinstance(stored["seconds"], (int, float)):
+            return stored
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    print(f"evaluation cache: {path} is unreadable; decoding these problems again")
+    return None
+
+
 def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_tokens: int = 256,
                    system_prompt: str = SYSTEM_PROMPT, progress: bool = True,
                    name: str = "", sampling_dtype: str | None = "auto",
@@ -209,10 +231,11 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
         if cache:
             key = {"weights": fingerprint, "prompts": block_prompts,
                    "gold": [r["answer"] for r in block], "batch_size": batch_size,
-                   "max_new_tokens": max_new_tokens, "dtype": str(dtype), "version": 2}
+                   "max_new_tokens": max_new_tokens, "dtype": str(dtype),
+                   "code": code_fingerprint(*EVAL_MODULES)}
             path = _cache_file(key)
-            if path.exists():
-                stored = json.loads(path.read_text(encoding="utf-8"))
+            stored = _read_cached(path)
+            if stored is not None:
                 records += stored["records"]
                 seconds += stored["seconds"]
                 bar.update(len(block))

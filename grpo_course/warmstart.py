@@ -4,8 +4,10 @@ Chapters 3-7 need a policy that already writes the ``#### N`` line (chapter 2: f
 model nearly every group ties). :func:`warm_start` trains the supervised warm-up of a
 :class:`~grpo_course.config.GRPOConfig` once and keeps the adapter under
 ``cache_dir()/warm_start/<fingerprint>``, keyed by everything that changes its weights (model,
-SFT sizes and learning rate, LoRA shape, seed, data, the warm-up's resolved precision), so any
-chapter opened first pays for it once and the others load it in a second.
+SFT sizes and learning rate, LoRA shape, seed, data, the warm-up's resolved precision, and the
+code that trains it: :data:`WARM_MODULES`' source and the library versions, see
+:mod:`grpo_course.fingerprint`), so any chapter opened first pays for it once and the others
+load it in a second.
 """
 from __future__ import annotations
 
@@ -16,10 +18,16 @@ from pathlib import Path
 
 import torch
 
+from .fingerprint import code_fingerprint
+
 WARM_FIELDS = ("model", "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_dtype",
                "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "max_grad_norm",
                "seed", "train_offset")
 STATE_FILE = "trainable.pt"
+#: the modules whose code decides the warm start's weights (the SFT loop, its log-probs, its
+#: precision, the prompts and targets it trains on, the model loading)
+WARM_MODULES = ("grpo_course.train", "grpo_course.grpo", "grpo_course.precision",
+                "grpo_course.data", "grpo_course.models", "grpo_course.warmstart")
 
 
 def warm_start_key(config, train_dataset) -> str:
@@ -31,7 +39,7 @@ def warm_start_key(config, train_dataset) -> str:
     recipe["lora_target_modules"] = list(recipe["lora_target_modules"])
     recipe["rows"] = len(train_dataset)
     recipe["first_question"] = train_dataset[0]["question"]
-    recipe["version"] = 1
+    recipe["code"] = code_fingerprint(*WARM_MODULES)
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
 
 

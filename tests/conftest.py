@@ -45,3 +45,10 @@ def real_gsm8k_dir() -> Path:
     if not folder or not Path(folder, "test.jsonl").is_file():
         pytest.skip("GSM8K_DIR is not set")
     return Path(folder)
+
+
+@pytest.fixture(scope="session")
+def course_rows() -> list[dict]:
+    """The rows above with the course's columns (``grpo_course.data.parse_row``)."""
+    from grpo_course.data import parse_row
+    return [parse_row(r) for r in ROWS]

@@ -1,0 +1,89 @@
+"""Caches keyed by the code that made them (grpo_course.fingerprint): editing the warm-up's or
+the sampler's source starts a new warm start or evaluation instead of reusing a stale one, and
+an unreadable cached evaluation is decoded again."""
+from __future__ import annotations
+
+import importlib
+import shutil
+
+import pytest
+
+from grpo_course import fingerprint
+from grpo_course.config import GRPOConfig
+
+
+def edited(module_name: str, tmp_path, monkeypatch) -> None:
+    """Point ``module_name``'s ``__file__`` at a copy of its source with one line added."""
+    module = importlib.import_module(module_name)
+    copy = tmp_path / (module_name.replace(".", "_") + ".py")
+    shutil.copy(module.__file__, copy)
+    with open(copy, "a", encoding="utf-8") as fh:
+        fh.write("\n# an edit\n")
+    monkeypatch.setattr(module, "__file__", str(copy))
+    fingerprint.source_hash.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def fresh_hashes():
+    fingerprint.source_hash.cache_clear()
+    yield
+    fingerprint.source_hash.cache_clear()
+
+
+def test_code_fingerprint_names_version_source_and_libraries():
+    key = fingerprint.code_fingerprint("grpo_course.train")
+    assert key["package"] and len(key["source"]) == 20
+    assert set(key["libraries"]) == {"torch", "transformers", "peft", "trl"}
+    assert key["libraries"]["torch"].startswith("2.")
+    assert fingerprint.source_hash("grpo_course.train", "grpo_course.grpo") == \
+        fingerprint.source_hash("grpo_course.grpo", "grpo_course.train")
+
+
+def test_changing_the_sft_code_changes_the_warm_start_key(course_rows, tmp_path, monkeypatch):
+    from grpo_course.warmstart import warm_start_key
+    cfg = GRPOConfig(sft_steps=2, sft_batch_size=1)
+    before = warm_start_key(cfg, course_rows)
+    assert warm_start_key(cfg, course_rows) == before
+    edited("grpo_course.train", tmp_path, monkeypatch)           # the SFT loop lives there
+    assert warm_start_key(cfg, course_rows) != before
+
+
+def test_changing_the_sampler_changes_the_evaluation_key(gsm8k_dir, tmp_path, monkeypatch):
+    from grpo_course import evaluate as ev
+    from grpo_course.data import load_gsm8k
+    from tests.test_sampling import tiny_model, tiny_tokenizer
+
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    model, tok = tiny_model(), tiny_tokenizer()
+    rows = load_gsm8k("test", data_dir=gsm8k_dir, limit=2)
+
+    def run():
+        return ev.evaluate_model(model, tok, rows, batch_size=2, max_new_tokens=4, progress=False,
+                                 cache=True, sampling_dtype="float32")
+    first = run()
+    assert not first.cached and run().cached
+    edited("grpo_course.sampling", tmp_path, monkeypatch)
+    again = run()
+    assert not again.cached and again.records == first.records
+    assert len(list((tmp_path / "cache" / "evals").glob("*.json"))) == 2
+
+
+def test_a_truncated_cached_evaluation_is_decoded_again(gsm8k_dir, tmp_path, monkeypatch, capsys):
+    from grpo_course import evaluate as ev
+    from grpo_course.data import load_gsm8k
+    from tests.test_sampling import tiny_model, tiny_tokenizer
+
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    model, tok = tiny_model(), tiny_tokenizer()
+    rows = load_gsm8k("test", data_dir=gsm8k_dir, limit=2)
+
+    def run():
+        return ev.evaluate_model(model, tok, rows, batch_size=2, max_new_tokens=4, progress=False,
+                                 cache=True, sampling_dtype="float32")
+    first = run()
+    (stored,) = (tmp_path / "cache" / "evals").glob("*.json")
+    stored.write_text(stored.read_text()[:40])                    # cut short, as a full disk leaves it
+    again = run()
+    assert not again.cached and again.records == first.records
+    assert "unreadable" in capsys.readouterr().out
+    assert run().cached                                            # rewritten whole

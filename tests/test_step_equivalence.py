@@ -1,0 +1,157 @@
+"""Chapter 3's written-out GRPO step (its ``grpo_step``, read from the notebook) against
+``CourseTrainer.step`` on the full profile's config, with the chapter's tolerances
+(:mod:`grpo_course.step_check`): a group with a truncated completion, a tied group left out of
+the trainer's pass, several groups in several micro-batches, and the frozen base held in bf16
+where the CPU has native bf16 (as the full profile holds it)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_course import rewards as rewards_module
+from grpo_course.config import get_profile
+from grpo_course.sampling import sample_completions
+from grpo_course.hardware import native_bf16
+from grpo_course.step_check import assert_same_step, compare_steps, relative_gap, simple_config
+
+pytestmark = pytest.mark.slow
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "03_grpo_from_scratch.ipynb"
+
+
+def notebook_function(name: str):
+    """The function ``name`` as chapter 3's code cell defines it (exec'd on its own)."""
+    for cell in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and f"def {name}(" in source:
+            namespace = {"torch": torch, "sample_completions": sample_completions}
+            exec(compile(source, f"{NOTEBOOK.name}:{name}", "exec"), namespace)
+            return namespace[name]
+    raise AssertionError(f"no code cell of {NOTEBOOK.name} defines {name}()")
+
+
+def tie_for_marked(completions, answer=None, **kwargs):
+    """A reward that ties every completion of a prompt whose gold answer is 7 (any other prompt:
+    the completion's length mod 5, which differs within a group)."""
+    return [0.0 if a == "7" else float(len(c) % 5) for c, a in zip(completions, answer)]
+
+
+def lora_trainer(train_dtype: str, rows):
+    """A CourseTrainer on the bundled model with the full profile's config and ``train_dtype``,
+    its LoRA B drawn small and nonzero (the same draw each time) so every adapter weight gets
+    a gradient. Where the training pass and the warm-up both run in bf16 (the full profile's
+    "auto" where the CPU has native bf16) the frozen base is held in bf16, as chapter 3's run
+    holds it."""
+    from grpo_course.models import load_model
+    from grpo_course.train import CourseTrainer
+
+    model, tokenizer = load_model()
+    config = dataclasses.replace(get_profile("full").grpo, train_dtype=train_dtype)
+    trainer = CourseTrainer(model, tokenizer, config, rows)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+    return trainer
+
+
+@pytest.fixture(scope="module")
+def full_trainer(course_rows):
+    """The full profile's trainer: frozen base in bf16 where native."""
+    return lora_trainer(get_profile("full").grpo.train_dtype, course_rows)
+
+
+@pytest.fixture(scope="module")
+def fp32_trainer(course_rows):
+    """The same trainer with an fp32 training pass: the frozen base stays in fp32."""
+    return lora_trainer("float32", course_rows)
+
+
+def columns(rows: list[dict]) -> dict[str, list]:
+    return {k: [r[k] for r in rows] for k in rows[0]}
+
+
+@pytest.fixture(scope="module")
+def grpo_step():
+    return notebook_function("grpo_step")
+
+
+def sampled(monkeypatch) -> list:
+    """Every batch the sampler returns from now on (to check which case a test ran)."""
+    batches = []
+    import grpo_course.train as train_module
+
+    def recording(*args, **kwargs):
+        batch = sample_completions(*args, **kwargs)
+        batches.append(batch)
+        return batch
+    monkeypatch.setattr(train_module, "sample_completions", recording)
+    return batches
+
+
+def test_truncated_completion(full_trainer, grpo_step, course_rows, monkeypatch):
+    """One group in which a completion hits max_completion_length: the full profile masks it out
+    of the loss (mask_truncated_completions), and both steps must agree on that."""
+    config = simple_config(full_trainer.config)
+    assert config.mask_truncated_completions and config.max_completion_length == 128
+    batches = sampled(monkeypatch)
+    rows = columns(course_rows[4:5])
+    result = compare_steps(full_trainer, grpo_step, rows, config)
+    assert batches and bool(batches[0].truncated.any()), "no completion was truncated"
+    assert not bool(batches[0].truncated.all()), "every completion was truncated"
+    assert result["moved"] > 0
+    assert_same_step(result)
+
+
+def tied_and_informative(trainer, monkeypatch):
+    """Three prompts for ``trainer``: one group whose rewards all tie (the trainer leaves it out
+    of its training pass and rescales the loss), then two informative ones."""
+    monkeypatch.setitem(rewards_module.REWARD_FUNCTIONS, "tie_for_marked", tie_for_marked)
+    monkeypatch.setitem(trainer.__dict__, "reward_funcs",
+                        {**trainer.reward_funcs, "tie_for_marked": tie_for_marked})
+    return dataclasses.replace(simple_config(trainer.config),
+                               reward_weights={"tie_for_marked": 1.0})
+
+
+def check_tied_and_informative(result, config):
+    G = config.num_generations
+    rewards = torch.tensor(result["hand"]["rewards"]).view(-1, G)
+    assert float(rewards[0].max() - rewards[0].min()) == 0.0, "the first group did not tie"
+    assert bool((rewards[1:].max(1).values > rewards[1:].min(1).values).all())
+    assert result["trainer"]["informative_groups"] == 2
+
+
+def test_tied_group_left_out_and_micro_batches(fp32_trainer, grpo_step, course_rows,
+                                               monkeypatch):
+    """A tied group and two informative ones, trained one group per forward/backward pass (the
+    full profile's train_micro_batch = G), against one pass over the whole batch by hand."""
+    config = tied_and_informative(fp32_trainer, monkeypatch)
+    assert config.train_micro_batch == config.num_generations
+    rows = columns(course_rows[:3])            # the first answer is 7: its group ties
+    result = compare_steps(fp32_trainer, grpo_step, rows, config)
+    check_tied_and_informative(result, config)
+    assert_same_step(result)
+
+
+@pytest.mark.skipif(not native_bf16(), reason="the frozen base is held in bf16 only where native")
+def test_micro_batches_over_a_bf16_base_differ_by_bf16_rounding(
+        full_trainer, fp32_trainer, grpo_step, course_rows, monkeypatch):
+    """With the frozen base held in bf16, the trainer's passes (one group each, the tied group
+    left out) and the one pass by hand multiply matrices of other shapes, and their bf16
+    roundings differ: the two gradients may differ, but by no more than bf16 rounding moves the
+    written-out step itself away from the same step over the fp32 base."""
+    config = tied_and_informative(full_trainer, monkeypatch)
+    rows = columns(course_rows[:3])
+    bf16 = compare_steps(full_trainer, grpo_step, rows, config)
+    check_tied_and_informative(bf16, config)
+    tied_and_informative(fp32_trainer, monkeypatch)
+    fp32 = compare_steps(fp32_trainer, grpo_step, rows, config)
+    assert fp32["hand"]["rewards"] == bf16["hand"]["rewards"], "the two runs sampled differently"
+    (hand_bf16, trainer_bf16), (hand_fp32, _) = bf16["gradients"], fp32["gradients"]
+    rounding = relative_gap(hand_bf16, hand_fp32)       # what bf16 does to the step by hand
+    assert relative_gap(trainer_bf16, hand_bf16) <= rounding
+    assert bf16["cosine"] >= 0.99
