@@ -48,7 +48,9 @@ def test_changing_the_sft_code_changes_the_warm_start_key(course_rows, tmp_path,
     assert warm_start_key(cfg, course_rows) != before
 
 
-def test_changing_the_sampler_changes_the_evaluation_key(gsm8k_dir, tmp_path, monkeypatch):
+@pytest.fixture
+def evaluate_tiny(gsm8k_dir, tmp_path, monkeypatch):
+    """``run()``: a cached greedy evaluation of a tiny model on two rows, in a fresh cache."""
     from grpo_course import evaluate as ev
     from grpo_course.data import load_gsm8k
     from tests.test_sampling import tiny_model, tiny_tokenizer
@@ -56,34 +58,24 @@ def test_changing_the_sampler_changes_the_evaluation_key(gsm8k_dir, tmp_path, mo
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
     model, tok = tiny_model(), tiny_tokenizer()
     rows = load_gsm8k("test", data_dir=gsm8k_dir, limit=2)
+    return lambda: ev.evaluate_model(model, tok, rows, batch_size=2, max_new_tokens=4,
+                                     progress=False, cache=True, sampling_dtype="float32")
 
-    def run():
-        return ev.evaluate_model(model, tok, rows, batch_size=2, max_new_tokens=4, progress=False,
-                                 cache=True, sampling_dtype="float32")
-    first = run()
-    assert not first.cached and run().cached
+
+def test_changing_the_sampler_changes_the_evaluation_key(evaluate_tiny, tmp_path, monkeypatch):
+    first = evaluate_tiny()
+    assert not first.cached and evaluate_tiny().cached
     edited("grpo_course.sampling", tmp_path, monkeypatch)
-    again = run()
+    again = evaluate_tiny()
     assert not again.cached and again.records == first.records
     assert len(list((tmp_path / "cache" / "evals").glob("*.json"))) == 2
 
 
-def test_a_truncated_cached_evaluation_is_decoded_again(gsm8k_dir, tmp_path, monkeypatch, capsys):
-    from grpo_course import evaluate as ev
-    from grpo_course.data import load_gsm8k
-    from tests.test_sampling import tiny_model, tiny_tokenizer
-
-    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
-    model, tok = tiny_model(), tiny_tokenizer()
-    rows = load_gsm8k("test", data_dir=gsm8k_dir, limit=2)
-
-    def run():
-        return ev.evaluate_model(model, tok, rows, batch_size=2, max_new_tokens=4, progress=False,
-                                 cache=True, sampling_dtype="float32")
-    first = run()
+def test_a_truncated_cached_evaluation_is_decoded_again(evaluate_tiny, tmp_path, capsys):
+    first = evaluate_tiny()
     (stored,) = (tmp_path / "cache" / "evals").glob("*.json")
     stored.write_text(stored.read_text()[:40])                    # cut short, as a full disk leaves it
-    again = run()
+    again = evaluate_tiny()
     assert not again.cached and again.records == first.records
     assert "unreadable" in capsys.readouterr().out
-    assert run().cached                                            # rewritten whole
+    assert evaluate_tiny().cached                                  # rewritten whole
