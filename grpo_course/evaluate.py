@@ -222,6 +222,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
     prompts = [chat_prompt(r["question"], tokenizer, system_prompt) for r in rows]
     dtype = sampler_dtype(model, sampling_dtype)
     fingerprint = weights_fingerprint(model) if cache else None
+    code = code_fingerprint(*EVAL_MODULES) if cache else None
     records: list[dict[str, Any]] = []
     seconds, all_cached = 0.0, True
     bar = tqdm(total=len(rows), desc="evaluate", disable=not progress)
@@ -232,7 +233,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
             key = {"weights": fingerprint, "prompts": block_prompts,
                    "gold": [r["answer"] for r in block], "batch_size": batch_size,
                    "max_new_tokens": max_new_tokens, "dtype": str(dtype),
-                   "code": code_fingerprint(*EVAL_MODULES)}
+                   "code": code}
             path = _cache_file(key)
             stored = _read_cached(path)
             if stored is not None:

@@ -9,7 +9,6 @@ check a student sees is the check the tests run.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Any, Callable
 
@@ -32,23 +31,22 @@ def _trainable(trainer) -> list[torch.Tensor]:
     return [p for p in trainer.model.parameters() if p.requires_grad]
 
 
-def compare_steps(trainer, step_fn: Callable, rows: dict[str, list], config=None,
-                  step_context: Callable | None = None) -> dict[str, Any]:
+def compare_steps(trainer, step_fn: Callable, rows: dict[str, list],
+                  config=None) -> dict[str, Any]:
     """Run ``step_fn(model, tokenizer, optimizer, rows, config, seed)`` (a step written out) and
     ``CourseTrainer.step(rows)`` on two forks of ``trainer`` (its run is left untouched), with the
     same prompts, seed and ``config`` (default: :func:`simple_config` of the trainer's).
 
-    The written-out step runs with the trainer's attention layers (``training_attention``), and
-    inside ``step_context()`` when given (a bf16 autocast, say). Returns both losses and gradient
-    norms, ``grad_gap`` (the largest entry-wise difference of the two gradients over the largest
-    entry, read from AdamW's first moment, which is 0.1 x the clipped gradient after one step),
-    ``cosine`` (of the two updates), ``moved`` (the largest change of a trained weight), the two
-    clipped gradients (``gradients``, flat) and each step's own return value (``hand``,
-    ``trainer``)."""
+    The written-out step runs with the trainer's attention layers (``training_attention``).
+    Returns both losses and gradient norms, ``grad_gap`` (the largest entry-wise difference of
+    AdamW's first moments over the largest entry: after one update the first moment is 0.1 x the
+    clipped gradient), ``cosine`` (of the two updates), ``moved`` (the largest change of a
+    trained weight), the two clipped gradients of a one-update step (``gradients``, flat) and
+    each step's own return value (``hand``, ``trainer``)."""
     config = simple_config(trainer.config) if config is None else config
     by_hand, by_trainer = trainer.fork(), trainer.fork()
     by_hand.config = by_trainer.config = config
-    with by_hand.training_attention(), (step_context() if step_context else contextlib.nullcontext()):
+    with by_hand.training_attention():
         hand = step_fn(by_hand.model, by_hand.tokenizer, by_hand.optimizer, rows, config,
                        seed=by_hand.sampling_seed())
     theirs = by_trainer.step(rows)
@@ -69,7 +67,7 @@ def compare_steps(trainer, step_fn: Callable, rows: dict[str, list], config=None
         "grad_gap": relative_gap(g_hand, g_trainer),
         "cosine": float(u @ v / (u.norm() * v.norm()).clamp(min=1e-300)),
         "moved": float(v.abs().max()), "hand": hand, "trainer": theirs,
-        "gradients": (g_hand * 10, g_trainer * 10),      # the clipped gradients themselves
+        "gradients": (g_hand * 10, g_trainer * 10),      # one update: the clipped gradients
     }
     del by_hand, by_trainer
     return result
