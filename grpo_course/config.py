@@ -330,6 +330,14 @@ class Profile:
     reward_max_new_tokens: int = 160  # completion budget of those samples
     # chapter 3: pass@G on the first training prompts, before and after GRPO
     pass_k_prompts: int = 8
+    # chapter 3: your GRPO loop (written out in the notebook), run twice from the warm start: as the
+    # profile's recipe runs (beta = 0, one update per batch) and with a KL term and batch reuse
+    loop_steps: int = 10                  # steps of each run
+    loop_prompts: int = 2                 # prompts per step (G completions each)
+    loop_pool: int = 8                    # basic training problems the loop cycles through
+    loop_beta: float = 0.04               # the second run's beta (DeepSeekMath's)
+    loop_num_iterations: int = 2          # the second run's updates per batch (mu)
+    loop_changes: dict[str, Any] = field(default_factory=dict)   # GRPOConfig changes for the loop
     # chapter 6 (INT8): logits agreement, decode timing, held-out eval of each variant
     quant_agreement_prompts: int = 16     # GSM8K test prompts for fp32-vs-INT8 logits
     quant_torchao_prompts: int = 2        # the same for torchao (its CPU int8 matmul is slow)
@@ -430,6 +438,7 @@ PROFILES: dict[str, Profile] = {
         prof_copy_mib=64, prof_lever_length=8, prof_lever_generations=(2, 4),
         prof_lever_lengths=(8, 16), prof_nocache_tokens=8,
         trl_max_steps=1, trl_eval_n=8, trl_ddp_steps=1, pass_k_prompts=2,
+        loop_steps=2, loop_prompts=1, loop_pool=2,
         cl_steps_per_stage=1, cl_max_completion_length=16, cl_eval_n=2,
         cl_eval_max_new_tokens=24, cl_fisher_prompts=2, cl_fisher_many_prompts=4, cl_nll_rows=4,
         cl_sweep_lams=(0.0, 1e4, 1e6),
@@ -478,6 +487,7 @@ def _binder_profile(full: Profile) -> Profile:
         grpo=replace(full.grpo, per_step_completions=8, generation_batch_size=16,
                      gradient_checkpointing=True),
         reward_prompts=4, pass_k_prompts=4,
+        loop_prompts=1, loop_changes={"max_completion_length": 96},
         quant_eval_n=48, prof_copy_mib=128,
         prof_trace_step={"num_generations": 2, "per_step_completions": 2, "max_completion_length": 8,
                          "generation_batch_size": None},

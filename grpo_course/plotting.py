@@ -209,3 +209,42 @@ def plot_cost_curve(sweep: Sequence[dict], length: int = 128, num_generations: i
     axes[1].set_title("cost vs completion budget", fontsize=9)
     fig.tight_layout()
     return fig
+
+
+class LiveCurves:
+    """A figure of one panel per metric that redraws in place as a loop adds points (a training
+    loop's reward as it trains): ``curves.add(label, step, {"reward": ..., "kl": ...})``. In
+    JupyterLab and Colab the figure updates under the cell; the built book keeps its last state."""
+
+    def __init__(self, panels: dict[str, str], figsize: tuple[float, float] | None = None):
+        import matplotlib.pyplot as plt
+        from IPython.display import display
+
+        self.panels = dict(panels)                      # metric -> panel title
+        self.points: dict[str, dict[str, tuple[list, list]]] = {}
+        self.fig, axes = plt.subplots(1, len(self.panels), squeeze=False,
+                                      figsize=figsize or (4.2 * len(self.panels), 3.0))
+        self.axes = dict(zip(self.panels, axes[0]))
+        plt.close(self.fig)                             # shown through the display handle only
+        self.handle = display(self.fig, display_id=True)
+
+    def add(self, label: str, step: int, values: dict[str, float]) -> None:
+        """Add ``values`` (metric -> number) of ``label``'s run at ``step`` and redraw."""
+        runs = self.points.setdefault(label, {})
+        for key in self.panels:
+            if values.get(key) is not None:
+                xs, ys = runs.setdefault(key, ([], []))
+                xs.append(step)
+                ys.append(float(values[key]))
+        for key, ax in self.axes.items():
+            ax.clear()
+            for name, run in self.points.items():
+                if key in run:
+                    ax.plot(*run[key], "o-", label=name, markersize=3)
+            ax.set_title(self.panels[key], fontsize=10)
+            ax.set_xlabel("step")
+        if len(self.points) > 1:
+            next(iter(self.axes.values())).legend(fontsize=8)
+        self.fig.tight_layout()
+        if self.handle is not None:
+            self.handle.update(self.fig)

@@ -38,9 +38,10 @@ def compare_steps(trainer, step_fn: Callable, rows: dict[str, list],
     same prompts, seed and ``config`` (default: :func:`simple_config` of the trainer's).
 
     The written-out step runs with the trainer's attention layers (``training_attention``).
-    Returns both losses and gradient norms, ``grad_gap`` (the largest entry-wise difference of
-    AdamW's first moments over the largest entry: after one update the first moment is 0.1 x the
-    clipped gradient), ``cosine`` (of the two updates), ``moved`` (the largest change of a
+    Returns both losses and gradient norms (each the mean over the step's updates), ``grad_gap``
+    (the largest entry-wise difference of AdamW's first moments over the largest entry: after one
+    update the first moment is 0.1 x the clipped gradient, after several a fixed mix of the
+    updates' gradients), ``cosine`` (of the two updates), ``moved`` (the largest change of a
     trained weight), the two clipped gradients of a one-update step (``gradients``, flat) and
     each step's own return value (``hand``, ``trainer``)."""
     config = simple_config(trainer.config) if config is None else config

@@ -332,12 +332,8 @@ class CourseTrainer:
     def start_from(self, warm_dir) -> "CourseTrainer":
         """Load the adapter weights of a warm start (:func:`grpo_course.warmstart.warm_start`)
         and count its SFT steps as done, so :meth:`train` goes straight to GRPO."""
-        from .warmstart import STATE_FILE
-        state = torch.load(Path(warm_dir) / STATE_FILE, weights_only=True)
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, value in state.items():
-                params[name].copy_(value)
+        from .warmstart import load_adapter_state
+        load_adapter_state(self.model, warm_dir)
         self.sft_done = self.config.sft_steps
         return self
 

@@ -70,3 +70,22 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
                     if p.requires_grad}, tmp / STATE_FILE)
         (tmp / "sft_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     return atomic_write(folder, write, folder=True)
+
+
+def load_adapter_state(model, folder) -> None:
+    """Set ``model``'s trainable (LoRA) weights to those saved in the warm start ``folder``."""
+    state = torch.load(Path(folder) / STATE_FILE, weights_only=True)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value)
+
+
+def warm_policy(model, config, folder):
+    """``model`` with fresh LoRA adapters of ``config``'s shape set to the warm start's weights in
+    ``folder``: the policy a GRPO run starts from (its base weights stay as they are, fp32 for a
+    freshly loaded model). Chapter 3's own GRPO loop trains it."""
+    from .train import add_lora
+    policy = add_lora(model, config)
+    load_adapter_state(policy, folder)
+    return policy

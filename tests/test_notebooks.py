@@ -83,3 +83,38 @@ def test_prose_quotes_glued_values_that_are_computed_before_it(path):
             elif not any(re.fullmatch(p, name.group(1)) for p in glued):
                 problems.append(f"cell {i}: glued.{name.group(1)} is quoted before any cell glues it")
     assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+def _section_code(path: Path, heading: str) -> list[str]:
+    """The code cells between markdown ``heading`` and the next heading of any level."""
+    nb = nbformat.read(path, as_version=4)
+    cells, inside = [], False
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            if cell.source.startswith(heading):
+                inside = True
+            elif inside and cell.source.lstrip().startswith("#"):
+                break
+        elif inside:
+            cells.append(cell.source)
+    return cells
+
+
+def test_chapter_3_loop_is_written_out_in_at_most_60_lines():
+    """Your GRPO loop: the student's code, not the package's trainer or loss, short enough to read."""
+    import re
+
+    cells = _section_code(ROOT / "notebooks" / "03_grpo_from_scratch.ipynb", "## Your GRPO loop")
+    assert cells, "chapter 3 has no '## Your GRPO loop' section with code"
+    code = "\n".join(cells)
+    lines = [l for l in code.splitlines() if l.strip() and not l.strip().startswith("#")]
+    assert len(lines) <= 60, f"the loop section has {len(lines)} code lines (at most 60)"
+    for name in ("CourseTrainer", "grpo_loss", "aggregate_loss", "clipped_surrogate",
+                 "per_token_logps", "group_advantages", "trainer.step("):
+        assert name not in code, f"the loop section calls {name}: it must write the step out"
+    for piece in ("log_softmax", "gather", "torch.clamp", "backward()", "optimizer.step()",
+                  "completion_mask", "disable_adapter"):
+        assert piece in code, f"the loop section does not write out {piece}"
+    assert re.search(r"for step in tqdm\(range\(P\.loop_steps\)", code), \
+        "the loop must run P.loop_steps steps with a progress bar"
+    assert "LiveCurves" in code, "the loop must plot its reward as it trains"

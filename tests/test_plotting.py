@@ -68,3 +68,18 @@ def test_glue_records_every_value_for_the_table_where_myst_is_not_rendered():
     plotting.glue("test_text", "a sentence")
     table = plotting.glued_values()
     assert table.loc["test_acc", "value"] == "0.1235" and table.loc["test_text", "value"] == "a sentence"
+
+
+def test_live_curves_redraw_every_run_in_its_panels():
+    import matplotlib
+    matplotlib.use("Agg")
+    from grpo_course.plotting import LiveCurves
+
+    curves = LiveCurves({"reward": "mean reward", "kl": "KL"})
+    for step in range(3):
+        curves.add("plain", step, {"reward": 0.5 * step, "kl": 0.0, "ignored": 1.0})
+        curves.add("beta", step, {"reward": 0.1 * step, "kl": None})
+    assert curves.points["plain"]["reward"] == ([0, 1, 2], [0.0, 0.5, 1.0])
+    assert "kl" not in curves.points["beta"]                         # None: no point drawn
+    assert [len(curves.axes[k].lines) for k in ("reward", "kl")] == [2, 1]
+    assert curves.axes["reward"].get_title() == "mean reward"

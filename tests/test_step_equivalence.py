@@ -93,17 +93,28 @@ def sampled(monkeypatch) -> list:
     return batches
 
 
-def test_truncated_completion(full_trainer, grpo_step, course_rows, monkeypatch):
+def test_truncated_completion(fp32_trainer, grpo_step, course_rows, monkeypatch):
     """One group in which a completion hits max_completion_length: the full profile masks it out
     of the loss (mask_truncated_completions), and both steps must agree on that."""
-    config = simple_config(full_trainer.config)
+    config = simple_config(fp32_trainer.config)
     assert config.mask_truncated_completions and config.max_completion_length == 128
     batches = sampled(monkeypatch)
-    rows = columns(course_rows[4:5])
-    result = compare_steps(full_trainer, grpo_step, rows, config)
+    result = compare_steps(fp32_trainer, grpo_step, columns(course_rows[4:5]), config)
     assert batches and bool(batches[0].truncated.any()), "no completion was truncated"
     assert not bool(batches[0].truncated.all()), "every completion was truncated"
     assert result["moved"] > 0
+    assert_same_step(result)
+
+
+def test_kl_penalty_and_two_updates_per_batch(fp32_trainer, grpo_step, course_rows):
+    """beta > 0 (the reference: the adapter switched off) and mu = 2 (the second update's ratio
+    has left 1, so the clip can bind): the same update by hand and by the trainer."""
+    config = dataclasses.replace(simple_config(fp32_trainer.config), beta=0.04, num_iterations=2)
+    result = compare_steps(fp32_trainer, grpo_step, columns(course_rows[4:5]), config)
+    assert result["hand"]["kl"] > 0 and result["trainer"]["kl"] > 0
+    assert result["hand"]["kl"] == pytest.approx(result["trainer"]["kl"], rel=1e-3)
+    assert result["hand"]["clip_ratio"] == pytest.approx(result["trainer"]["clip_ratio/region_mean"],
+                                                         abs=1e-6)
     assert_same_step(result)
 
 
