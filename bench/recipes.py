@@ -1,16 +1,18 @@
 """What whole GRPO recipes teach on held-out problems, each given the same minutes of training.
 
     python bench/recipes.py                      # one JSON line; also written to data/recipes.json
-    python bench/recipes.py --minutes 3 --only profile
+    python bench/recipes.py --minutes 3 --only profile,grounded --slices 512:768,768:1024
 
 Every recipe starts from the shared warm start (:func:`grpo_course.warmstart.warm_start` of the
 full profile), trains GRPO until its steps have taken ``--minutes`` of wall time, and is evaluated
-greedily on held-out GSM8K test problems ``--eval_offset`` .. ``+ --eval_n`` (by default rows
-512-1023: not the first 512 that chapter 3 reports, so that choosing a recipe here does not peek
-at the problems the chapter tests it on). Each is compared with the warm start on the same
-problems by :func:`grpo_course.attribution.phase_changes`: accuracy, format and reaching a gold
-intermediate result (McNemar), step F1 (paired difference), arithmetic, and the overlap of the
-solved problems. The recipes:
+greedily on each of the disjoint held-out GSM8K test slices ``--slices`` (by default rows
+512-1023 and 1024-1318: never the first 512 that chapter 3 reports on, so that choosing a recipe
+here does not peek at the problems the chapter tests it on). On every slice each recipe is
+compared with the warm start by :func:`grpo_course.attribution.phase_changes` (accuracy, format
+and reaching a gold intermediate result by McNemar, step F1 and equations per answer by paired
+difference, arithmetic, solved overlap) and held to the bars of
+:func:`grpo_course.attribution.farming_checks`: a gain in gold steps that comes with more
+equations per answer is the dense reward being farmed, not learned. The recipes:
 
 * ``format_led`` - the course's earlier recipe: ``grpo`` loss, dynamic sampling on the total
   reward, two prompts a round, mu = 2 with clip-higher, the dense reward at weight 1;
@@ -18,7 +20,10 @@ solved problems. The recipes:
   round, the ``dapo`` loss, mu = 2;
 * ``profile`` - the full profile's recipe (``recipes/grpo_levers.yaml``): groups kept when their
   completions reach different gold steps, 8 prompts sampled a round and 4 trained, the dense
-  reward at weight 2, the ``dapo`` loss, mu = 1.
+  ``intermediate_results`` reward (step F1) at weight 2, the ``dapo`` loss, mu = 1;
+* ``grounded`` - the profile with ``grounded_steps`` in place of ``intermediate_results`` (as
+  reward and as filter): credit only for gold values that a right equation computes, divided by
+  the equations written, so repeating or padding steps lowers it.
 """
 from __future__ import annotations
 
@@ -46,6 +51,9 @@ RECIPES = {
                                                "number_extraction": 0.5,
                                                "intermediate_results": 1.0}),
     "profile": {},
+    "grounded": dict(dynamic_sampling_reward="grounded_steps",
+                     reward_weights={"correctness": 1.0, "exact_format": 0.5,
+                                     "number_extraction": 0.5, "grounded_steps": 2.0}),
 }
 
 
@@ -67,34 +75,58 @@ def train_for(cfg, warm_dir, train, seconds: float) -> tuple[object, list[dict]]
     return trainer, rows
 
 
-def run_recipe(name: str, a, warm_dir, train, test, sft_result) -> dict:
-    from grpo_course.attribution import phase_changes
+def run_recipe(name: str, a, warm_dir, train, slices: list[dict]) -> dict:
+    """Train recipe ``name`` from the warm start, then compare it with the warm start on every
+    held-out slice (``slices``: rows, dataset and the warm start's evaluation of them)."""
+    from grpo_course.attribution import farming_checks, phase_changes
     from grpo_course.config import get_profile
     from grpo_course.evaluate import evaluate_model
 
     cfg = dataclasses.replace(get_profile("full").grpo, **RECIPES[name])
     trainer, rows = train_for(cfg, warm_dir, train, 60 * a.minutes)
     trainer.model.eval()
-    after = evaluate_model(trainer.model, trainer.tokenizer, test, batch_size=32,
-                           max_new_tokens=a.max_new_tokens, cache=True, name=name)
-    changes = phase_changes(sft_result, after, test)
+    held_out = {}
+    for part in slices:
+        after = evaluate_model(trainer.model, trainer.tokenizer, part["test"], batch_size=32,
+                               max_new_tokens=a.max_new_tokens, cache=True, name=name)
+        held_out[part["name"]] = {
+            "accuracy": after.accuracy, "format": after.format_rate,
+            "mean_tokens": after.summary()["mean_completion_tokens"],
+            "vs_warm_start": phase_changes(part["warm"], after, part["test"])}
+        held_out[part["name"]]["checks"] = farming_checks(held_out[part["name"]]["vs_warm_start"])
     return {"changes": RECIPES[name] or "full profile", "steps": len(rows),
             "train_seconds": sum(r["step_seconds"] for r in rows),
             "completions_sampled": sum(r["prompts_sampled"] for r in rows) * cfg.num_generations,
             "correct_completions": sum(r["correct_completions"] for r in rows),
             "trained_groups": sum(r["informative_groups"] for r in rows),
             "completion_length_last5": statistics.fmean(r["completion_length"] for r in rows[-5:]),
-            "held_out": {"accuracy": after.accuracy, "format": after.format_rate,
-                         "mean_tokens": after.summary()["mean_completion_tokens"]},
-            "vs_warm_start": changes}
+            "held_out": held_out}
+
+
+DEFAULT_SLICES = "512:1024,1024:1319"
+
+
+def parse_slices(text: str) -> list[tuple[int, int]]:
+    """``"512:1024,1024:1319"`` -> [(512, 1024), (1024, 1319)]: disjoint, non-empty row ranges."""
+    out = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition(":")
+        if not sep or not lo.isdigit() or not hi.isdigit() or int(hi) <= int(lo):
+            raise ValueError(f"--slices part {part.strip()!r} is not START:END with END > START")
+        out.append((int(lo), int(hi)))
+    out.sort()
+    for (_, end), (start, _) in zip(out, out[1:]):
+        if start < end:
+            raise ValueError(f"--slices {text!r} overlap: every slice must be disjoint")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = OneLineArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--minutes", type=float, default=9.0, help="GRPO wall time per recipe")
+    p.add_argument("--minutes", type=float, default=8.0, help="GRPO wall time per recipe")
     p.add_argument("--only", default=None, help=f"comma-separated recipes (default: {', '.join(RECIPES)})")
-    p.add_argument("--eval_offset", type=int, default=512, help="first held-out test row")
-    p.add_argument("--eval_n", type=int, default=512, help="held-out test problems")
+    p.add_argument("--slices", default=DEFAULT_SLICES,
+                   help="held-out GSM8K test rows START:END, comma-separated and disjoint")
     p.add_argument("--max_new_tokens", type=int, default=200, help="greedy budget of the evaluation")
     p.add_argument("--out", default=str(ROOT / "data" / "recipes.json"))
     a = p.parse_args(argv)
@@ -102,8 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in RECIPES]
     if unknown:
         p.error(f"unknown recipe(s) {unknown}; choose from {', '.join(RECIPES)}")
-    if a.minutes <= 0 or a.eval_n <= 0 or a.eval_offset < 0 or a.max_new_tokens <= 0:
-        p.error("--minutes, --eval_n and --max_new_tokens must be > 0 and --eval_offset >= 0")
+    if a.minutes <= 0 or a.max_new_tokens <= 0:
+        p.error("--minutes and --max_new_tokens must be > 0")
+    try:
+        a.slices = parse_slices(a.slices)
+    except ValueError as exc:
+        p.error(str(exc))
     if Path(a.out).is_dir() or not Path(a.out).parent.is_dir():
         p.error(f"--out {a.out!r} must name a file in an existing folder")
     try:
@@ -124,24 +160,31 @@ def _run(a, names: list[str]) -> int:
     from grpo_course.warmstart import warm_start
 
     train = load_gsm8k("train")
-    test = load_gsm8k("test", offset=a.eval_offset, limit=a.eval_n)
-    if len(test) < a.eval_n:
-        raise CourseError(f"--eval_offset {a.eval_offset} + --eval_n {a.eval_n} runs past the "
-                          f"{a.eval_offset + len(test)} GSM8K test rows")
+    slices = []
+    for lo, hi in a.slices:
+        test = load_gsm8k("test", offset=lo, limit=hi - lo)
+        if len(test) < hi - lo:
+            raise CourseError(f"--slices {lo}:{hi} runs past the {lo + len(test)} GSM8K test rows")
+        slices.append({"name": f"{lo}:{hi}", "rows": [lo, hi], "test": test})
     warm_dir = warm_start(get_profile("full").grpo, train)
     sft_model, tok = load_model(warm_dir)
-    sft = evaluate_model(sft_model, tok, test, batch_size=32, max_new_tokens=a.max_new_tokens,
-                         cache=True, name="warm start")
+    for part in slices:
+        part["warm"] = evaluate_model(sft_model, tok, part["test"], batch_size=32,
+                                      max_new_tokens=a.max_new_tokens, cache=True,
+                                      name="warm start")
     del sft_model
     result = {"machine": {**bench_facts(), "threads": torch.get_num_threads()},
               "minutes_per_recipe": a.minutes,
-              "held_out_rows": [a.eval_offset, a.eval_offset + a.eval_n],
-              "warm_start": {"accuracy": sft.accuracy, "format": sft.format_rate,
-                             "mean_tokens": sft.summary()["mean_completion_tokens"]},
-              "chance": chance_baseline(test), "recipes": {}}
+              "slices": {part["name"]: {
+                  "rows": part["rows"], "chance": chance_baseline(part["test"]),
+                  "warm_start": {"accuracy": part["warm"].accuracy,
+                                 "format": part["warm"].format_rate,
+                                 "mean_tokens": part["warm"].summary()["mean_completion_tokens"]}}
+                  for part in slices},
+              "recipes": {}}
     for name in names:
         start = time.perf_counter()
-        result["recipes"][name] = run_recipe(name, a, warm_dir, train, test, sft)
+        result["recipes"][name] = run_recipe(name, a, warm_dir, train, slices)
         print(f"{name}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
         write_json_atomic(a.out, result, indent=2)      # after every recipe: a cut run keeps them
     print(json.dumps(result))

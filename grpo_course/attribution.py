@@ -9,7 +9,7 @@ evaluations of the same problems can be compared pairwise:
 * :func:`step_f1` per record: the held-out counterpart of the dense ``intermediate_results``
   reward (F1 between the results the work computes and the gold solution's step results), and
   whether the work reaches at least one of them (``reached_step``);
-* :func:`arithmetic_check`: how many ``a op b = c`` equations of the work are arithmetically right;
+* :func:`grpo_course.arithmetic.arithmetic_check`: how many ``a op b = c`` equations of the work are arithmetically right;
   a correct answer whose work has a wrong equation was not computed, it was guessed;
 * :func:`chance_baseline`: how often the gold answer is one operation away from two numbers of the
   question, and what a uniform guess among those candidates scores;
@@ -26,80 +26,12 @@ from fractions import Fraction
 from typing import Any, Sequence
 
 from .answers import normalize_number
+from .arithmetic import arithmetic_check
 from .data import solution_results
 from .evaluate import EvalResult, mcnemar_test
 from .rewards import step_f1
 
-#: an equation of the work: a flat expression of numbers and + - * / x × ÷, then "=", then a number
-EQUATION = re.compile(
-    r"((?:\$?\d[\d,]*(?:\.\d+)?%?\s*[-+*/x×÷]\s*)+\$?\d[\d,]*(?:\.\d+)?%?)\s*=\s*\$?\s*(-?\d[\d,]*(?:\.\d+)?)")
-_TOKEN = re.compile(r"\$?\d[\d,]*(?:\.\d+)?%?|[-+*/x×÷]")
 _QUESTION_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
-
-
-def _number(text: str) -> Fraction:
-    """``"$1,200"`` -> 1200, ``"15%"`` -> 3/20 (exact)."""
-    text = text.replace(",", "").replace("$", "")
-    return Fraction(text[:-1]) / 100 if text.endswith("%") else Fraction(text)
-
-
-def evaluate_expression(expression: str) -> Fraction | None:
-    """The exact value of a flat arithmetic expression (``*`` and ``/`` before ``+`` and ``-``),
-    ``None`` if it is not one or divides by zero.
-
-    >>> evaluate_expression("48/2 + 3 x 2")
-    Fraction(30, 1)
-    """
-    tokens = _TOKEN.findall(expression)
-    if not tokens or len(tokens) % 2 == 0:
-        return None
-    try:
-        terms, ops = [_number(tokens[0])], []
-        for op, tok in zip(tokens[1::2], tokens[2::2]):
-            value = _number(tok)
-            if op in "*x×":
-                terms[-1] *= value
-            elif op in "/÷":
-                terms[-1] /= value
-            else:
-                terms.append(value)
-                ops.append(op)
-    except (ValueError, ZeroDivisionError, ArithmeticError):
-        return None
-    total = terms[0]
-    for op, value in zip(ops, terms[1:]):
-        total = total + value if op == "+" else total - value
-    return total
-
-
-def equation_is_right(expression: str, result: str) -> bool | None:
-    """Whether ``expression = result`` holds: exactly, or rounded to the decimals the result
-    shows (``16/3 = 5.33`` is right, ``16/3 = 5`` is not); ``None`` when it cannot be read."""
-    value = evaluate_expression(expression)
-    if value is None:
-        return None
-    try:
-        written = _number(result)
-    except (ValueError, ArithmeticError):
-        return None
-    decimals = len(result.split(".")[1]) if "." in result else 0
-    return value == written or (decimals > 0 and round(float(value), decimals) == float(written))
-
-
-def arithmetic_check(text: str) -> tuple[int, int]:
-    """(right, wrong) equations ``a op b ... = c`` in ``text``.
-
-    >>> arithmetic_check("She has 16/2 = 8 eggs.\\nShe sells 8*2 = 18 of them.")
-    (1, 1)
-    """
-    right = wrong = 0
-    for expression, result in EQUATION.findall(text or ""):
-        verdict = equation_is_right(expression, result)
-        if verdict is True:
-            right += 1
-        elif verdict is False:
-            wrong += 1
-    return right, wrong
 
 
 def chance_candidates(question: str) -> set[Fraction]:
@@ -186,12 +118,141 @@ def phase_changes(a: EvalResult, b: EvalResult, dataset) -> dict[str, Any]:
         "step_f1": paired_difference(f1_a, f1_b),
         "overlap": solved_overlap(a, b),
     }
+    equations = {}
     for tag, result, f1 in (("a", a, f1_a), ("b", b, f1_b)):
         checks = [arithmetic_check(r["completion"]) for r in result.records]
         right, wrong = sum(c[0] for c in checks), sum(c[1] for c in checks)
+        equations[tag] = [float(sum(c)) for c in checks]
         out[tag] = {"reached_step": sum(f > 0 for f in f1) / len(f1), "step_f1": sum(f1) / len(f1),
                     "right_equation_share": right / (right + wrong) if right + wrong else None,
                     "equations_per_problem": (right + wrong) / len(checks),
+                    "format": result.format_rate,
                     "correct": result.correct,
                     "earned": sum(earned(r) for r in result.records)}
+    out["equations"] = paired_difference(equations["a"], equations["b"])
     return out
+
+
+#: what a phase must show on a held-out slice to count as teaching gold steps without farming
+#: them (issue 42): step F1 up, gold step reached up, at most 10 % more equations per answer,
+#: a right-equation share at most 2 points lower, and format at or above 95 %
+NO_FARMING_BARS = {"alpha": 0.05, "max_equation_growth": 0.10, "max_right_share_drop": 0.02,
+                   "min_format": 0.95}
+
+
+def farming_checks(changes: dict[str, Any], bars: dict[str, float] = NO_FARMING_BARS
+                   ) -> dict[str, bool]:
+    """Each bar of :data:`NO_FARMING_BARS` passed or not by :func:`phase_changes`' ``changes``
+    (A the start, B after the phase)."""
+    a, b, reached = changes["a"], changes["b"], changes["reached_step"]
+    share_a, share_b = a["right_equation_share"] or 0.0, b["right_equation_share"] or 0.0
+    return {
+        "step_f1_up": changes["step_f1"]["lo"] > 0,
+        "gold_step_up": reached["b_only"] > reached["a_only"] and reached["p_value"] < bars["alpha"],
+        "equations_not_inflated": (b["equations_per_problem"]
+                                   <= (1 + bars["max_equation_growth"]) * a["equations_per_problem"]),
+        "right_share_kept": share_b >= share_a - bars["max_right_share_drop"],
+        "format_kept": b["format"] >= bars["min_format"],
+    }
+
+
+def held_out_rewards(result: EvalResult, dataset, weights: dict[str, float]) -> list[float]:
+    """Each evaluated answer's reward under ``weights`` (a recipe's ``reward_weights``), scored
+    against its problem's gold answer and solution: the trained reward, on problems it never
+    trained on."""
+    from .rewards import score_completions, weighted_sum
+    rows = list(dataset)
+    if len(rows) != len(result.records):
+        raise ValueError(f"{len(result.records)} answers for {len(rows)} problems")
+    scores = score_completions([r["completion"] for r in result.records],
+                               [row["answer"] for row in rows], names=list(weights),
+                               solutions=[row.get("solution") for row in rows])
+    return weighted_sum(scores, weights)
+
+
+def changes_table(changes: dict[str, Any], reward: dict[str, float] | None = None,
+                  chance: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One row per measure of :func:`phase_changes`' ``changes`` (A the start, B after): both
+    values, the change, and its test (a 95 % interval of a paired difference, or McNemar's p).
+    ``reward``: the :func:`paired_difference` of :func:`held_out_rewards`; ``chance``:
+    :func:`chance_baseline`, shown beside accuracy."""
+    a, b = changes["a"], changes["b"]
+
+    def paired(name, d, scale=1.0):
+        return {"measure": name, "start": scale * d["mean_a"], "after": scale * d["mean_b"],
+                "change": scale * d["difference"],
+                "test": f"95 % CI [{scale * d['lo']:+.3f}, {scale * d['hi']:+.3f}]"}
+
+    def mcnemar(name, key, share_a, share_b):
+        t = changes[key]
+        return {"measure": name, "start": 100 * share_a, "after": 100 * share_b,
+                "change": 100 * (share_b - share_a),
+                "test": f"McNemar +{t['b_only']} / -{t['a_only']}, p = {t['p_value']:.2g}"}
+
+    n = changes["step_f1"]["n"]
+    rows = [paired("the recipe's reward (mean)", reward)] if reward is not None else []
+    share_a, share_b = a["right_equation_share"] or 0.0, b["right_equation_share"] or 0.0
+    rows += [
+        mcnemar("format (%)", "format", a["format"], b["format"]),
+        mcnemar("reaches a gold step (%)", "reached_step", a["reached_step"], b["reached_step"]),
+        paired("step F1 (mean)", changes["step_f1"]),
+        {"measure": "right equations (% of equations)", "start": 100 * share_a,
+         "after": 100 * share_b, "change": 100 * (share_b - share_a), "test": "(no pairing)"},
+        paired("equations per answer", changes["equations"]),
+        {"measure": "correct with only right equations", "start": a["earned"],
+         "after": b["earned"], "change": b["earned"] - a["earned"], "test": "(counts)"},
+        mcnemar("accuracy (%)", "accuracy", a["correct"] / n, b["correct"] / n),
+    ]
+    if chance is not None:
+        guess = 100 * chance["uniform_guess_accuracy"]
+        rows.append({"measure": "accuracy of a chance guesser (%)", "start": guess,
+                     "after": guess, "change": 0.0,
+                     "test": "one operation on two numbers of the question"})
+    return rows
+
+
+#: what each bar of :func:`farming_checks` asks, in words
+BAR_WORDS = {"step_f1_up": "step F1 up (95 % interval above 0)",
+             "gold_step_up": "more answers reaching a gold step (McNemar p < 0.05)",
+             "equations_not_inflated": "at most 10 % more equations per answer",
+             "right_share_kept": "a right-equation share at most 2 points lower",
+             "format_kept": "format at least 95 %"}
+
+
+def failed_bars(checks: dict[str, bool]) -> str:
+    """:func:`farming_checks`' verdict in words: "passes every bar", or the bars it misses."""
+    missed = [BAR_WORDS[k] for k, ok in checks.items() if not ok]
+    return "passes every bar" if not missed else "misses " + "; ".join(missed)
+
+
+def recipe_rows(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """``bench/recipes.py``'s result as table rows (one per slice and recipe: the warm start's
+    value, the recipe's, and each paired test) and one verdict sentence per recipe, ending with
+    the recipes that pass every bar on every slice."""
+    rows, verdicts, clean = [], [], []
+    for name, recipe in bench["recipes"].items():
+        parts = []
+        for part, held in recipe["held_out"].items():
+            vs, checks = held["vs_warm_start"], held["checks"]
+            a, b = vs["a"], vs["b"]
+            rows.append({
+                "slice": part, "recipe": name, "steps": recipe["steps"],
+                "gold step % (warm)": 100 * a["reached_step"], "gold step %": 100 * b["reached_step"],
+                "gold step p": vs["reached_step"]["p_value"],
+                "step F1 change": vs["step_f1"]["difference"], "step F1 lo": vs["step_f1"]["lo"],
+                "equations (warm)": a["equations_per_problem"], "equations": b["equations_per_problem"],
+                "right eq. % (warm)": 100 * (a["right_equation_share"] or 0.0),
+                "right eq. %": 100 * (b["right_equation_share"] or 0.0),
+                "format %": 100 * held["format"], "accuracy % (warm)": 100 * a["correct"] / vs["step_f1"]["n"],
+                "accuracy %": 100 * held["accuracy"], "accuracy p": vs["accuracy"]["p_value"],
+                "bars passed": f"{sum(checks.values())}/{len(checks)}"})
+            parts.append(f"on rows {part} it {failed_bars(checks)} (gold step "
+                         f"{100 * a['reached_step']:.0f} → {100 * b['reached_step']:.0f} %, "
+                         f"equations per answer {a['equations_per_problem']:.1f} → "
+                         f"{b['equations_per_problem']:.1f})")
+        if all(all(h["checks"].values()) for h in recipe["held_out"].values()):
+            clean.append(name)
+        verdicts.append(f"`{name}`: " + ", and ".join(parts))
+    verdicts.append("recipes that pass every bar on every slice: " +
+                    (", ".join(f"`{n}`" for n in clean) if clean else "none"))
+    return rows, verdicts

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 from grpo_course.answers import (HASH_FORMAT, TAG_FORMAT, AnswerFormat,  # noqa: F401
                                  answer_slot, answers_match, extract_answer, normalize_number,
                                  parse_answer)
+from grpo_course.arithmetic import EQUATION, equation_is_right
 from grpo_course.data import solution_results
 
 RewardFn = Callable[..., list[float]]
@@ -211,6 +212,31 @@ def intermediate_results(completions, solution=None, fmt: AnswerFormat = HASH_FO
                   [c], 0.0)[0] for c, gold in zip(completions, golds)]
 
 
+def grounded_score(text: str, gold_steps: Sequence[str], fmt: AnswerFormat = HASH_FORMAT) -> float:
+    """The gold step results that a right ``a op b = c`` equation of the work computes (each
+    counted once), over the larger of the equations written and the gold steps: a wrong or
+    repeated equation earns nothing and dilutes the rest, and so does every equation past the
+    gold solution's count."""
+    work = text.rsplit(fmt.solution_start, 1)[0]
+    equations, gold = EQUATION.findall(work), set(gold_steps)
+    if not equations or not gold:
+        return 0.0
+    grounded = {normalize_number(result) for expression, result in equations
+                if equation_is_right(expression, result)}
+    return len(grounded & gold) / max(len(equations), len(gold))
+
+
+def grounded_steps(completions, solution=None, fmt: AnswerFormat = HASH_FORMAT,
+                   **kwargs) -> list[float]:
+    """Dense correctness that writing more cannot farm: ``STEP_REWARD`` x
+    :func:`grounded_score`. Unlike ``intermediate_results`` it credits a gold value only where
+    the work's own arithmetic produces it, and caps what one answer can earn by its number of
+    equations (step rewards get farmed by repeating steps that score: Gao et al. 2024)."""
+    golds = _answers(completions, solution, "grounded_steps", "solution")
+    return [_safe(lambda t: STEP_REWARD * grounded_score(t, solution_results(str(gold)), fmt),
+                  [c], 0.0)[0] for c, gold in zip(completions, golds)]
+
+
 def heuristic_checks(text: str) -> dict[str, bool]:
     """The four no-ground-truth checks of :func:`heuristic`."""
     words = len(text.split())
@@ -235,6 +261,7 @@ REWARD_FUNCTIONS: dict[str, RewardFn] = {
     "number_extraction": number_extraction,
     "heuristic": heuristic,
     "intermediate_results": intermediate_results,
+    "grounded_steps": grounded_steps,
 }
 for _name, _fn in REWARD_FUNCTIONS.items():  # TRL logs rewards/<__name__>
     assert _fn.__name__ == _name
@@ -270,7 +297,7 @@ def check_reward_names(names: Iterable[str]) -> list[str]:
 
 
 #: rewards that read a dataset column besides ``answer``
-NEEDS_SOLUTION = ("intermediate_results",)
+NEEDS_SOLUTION = ("intermediate_results", "grounded_steps")
 
 
 def score_completions(completions: Sequence[Any], answers: Any = None,

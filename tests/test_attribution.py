@@ -5,9 +5,10 @@ from fractions import Fraction
 
 import pytest
 
-from grpo_course.attribution import (arithmetic_check, chance_baseline, chance_candidates, earned,
-                                     equation_is_right, evaluate_expression, paired_difference,
-                                     phase_changes, solved_overlap)
+from grpo_course.arithmetic import arithmetic_check, equation_is_right, evaluate_expression
+from grpo_course.attribution import (chance_baseline, chance_candidates, changes_table, earned,
+                                     failed_bars, farming_checks, held_out_rewards,
+                                     paired_difference, phase_changes, recipe_rows, solved_overlap)
 from grpo_course.evaluate import EvalResult
 
 ROWS = [
@@ -93,5 +94,82 @@ def test_phase_changes_pairs_every_measure():
     assert out["a"]["earned"] == 0
     assert out["overlap"] == solved_overlap(before, after)
     assert out["overlap"]["both"] == 1 and out["overlap"]["expected_if_unrelated"] == pytest.approx(2 / 3)
+    assert out["equations"]["difference"] == pytest.approx((4 - 2) / 3)    # 2 -> 4 equations
+    assert out["a"]["format"] == pytest.approx(2 / 3) and out["b"]["format"] == 1.0
     with pytest.raises(ValueError, match="same problems"):
         phase_changes(before, _result(["#### 1", "#### 2"], golds=("1", "2")), ROWS)
+
+
+def _changes(reached=(10, 40, 1e-5), f1_lo=0.01, equations=(3.0, 3.2), shares=(0.45, 0.44),
+             fmt=0.97):
+    return {"reached_step": {"a_only": reached[0], "b_only": reached[1], "p_value": reached[2]},
+            "step_f1": {"lo": f1_lo},
+            "a": {"equations_per_problem": equations[0], "right_equation_share": shares[0]},
+            "b": {"equations_per_problem": equations[1], "right_equation_share": shares[1],
+                  "format": fmt}}
+
+
+def test_farming_checks_pass_a_clean_gain_and_name_each_failed_bar():
+    assert all(farming_checks(_changes()).values())
+    farmed = farming_checks(_changes(equations=(3.4, 4.8)))        # +41 % equations
+    assert [k for k, ok in farmed.items() if not ok] == ["equations_not_inflated"]
+    assert not farming_checks(_changes(reached=(40, 10, 1e-5)))["gold_step_up"]    # it fell
+    assert not farming_checks(_changes(reached=(20, 30, 0.2)))["gold_step_up"]     # noise
+    assert not farming_checks(_changes(f1_lo=-0.001))["step_f1_up"]
+    assert not farming_checks(_changes(shares=(0.45, 0.42)))["right_share_kept"]
+    assert not farming_checks(_changes(fmt=0.94))["format_kept"]
+
+
+def test_held_out_rewards_score_each_answer_against_its_own_problem():
+    from grpo_course.rewards import EXACT_REWARD, NEAR_REWARD, STEP_REWARD
+    after = _result(["12+30 = 42\n#### 42", "6*4 = 24\n#### 24", "I do not know"])
+    got = held_out_rewards(after, ROWS, {"correctness": 1.0, "intermediate_results": 2.0})
+    assert got[0] == pytest.approx(EXACT_REWARD + 2 * STEP_REWARD)         # right, the one step
+    assert got[1] == pytest.approx(NEAR_REWARD + 2 * STEP_REWARD * 2 / 3)    # 24/27; 24 of {24, 27}
+    assert got[2] == pytest.approx(-1.0)                                     # no answer, no step
+    with pytest.raises(ValueError, match="answers for"):
+        held_out_rewards(after, ROWS[:2], {"correctness": 1.0})
+
+
+def test_changes_table_has_every_measure_with_its_test():
+    before = _result(["12*30 = 42\n#### 42", "I do not know", "15*2 = 30\n#### 30"])
+    after = _result(["12+30 = 42\n#### 42", "6*4 = 24\n#### 24", "2*7 = 14\n15*14 = 210\n#### 210"])
+    changes = phase_changes(before, after, ROWS)
+    reward = paired_difference([0.0, 1.0, 2.0], [1.0, 1.0, 3.0])
+    rows = changes_table(changes, reward, chance_baseline(ROWS))
+    by = {r["measure"]: r for r in rows}
+    assert list(by) == ["the recipe's reward (mean)", "format (%)", "reaches a gold step (%)",
+                        "step F1 (mean)", "right equations (% of equations)",
+                        "equations per answer", "correct with only right equations",
+                        "accuracy (%)", "accuracy of a chance guesser (%)"]
+    assert by["the recipe's reward (mean)"]["change"] == pytest.approx(2 / 3)
+    assert by["equations per answer"]["start"] == pytest.approx(2 / 3)
+    assert by["equations per answer"]["after"] == pytest.approx(4 / 3)
+    assert by["accuracy (%)"]["start"] == pytest.approx(100 / 3)
+    assert by["accuracy (%)"]["after"] == pytest.approx(200 / 3)     # 24 is not 27
+    assert "McNemar" in by["reaches a gold step (%)"]["test"]
+    assert "95 % CI" in by["step F1 (mean)"]["test"]
+
+
+def test_failed_bars_names_what_was_missed():
+    assert failed_bars({"step_f1_up": True, "format_kept": True}) == "passes every bar"
+    said = failed_bars({"step_f1_up": True, "equations_not_inflated": False})
+    assert said.startswith("misses") and "10 % more equations" in said
+
+
+def test_recipe_rows_show_every_recipe_on_every_slice_and_who_passes_all():
+    before = _result(["12*30 = 42\n#### 42", "I do not know", "15*2 = 30\n#### 30"])
+    after = _result(["12+30 = 42\n#### 42", "6*4 = 24\n#### 24", "2*7 = 14\n15*14 = 210\n#### 210"])
+    vs = phase_changes(before, after, ROWS)
+
+    def held(ok):
+        return {"format": 1.0, "accuracy": 2 / 3, "vs_warm_start": vs,
+                "checks": {"step_f1_up": True, "equations_not_inflated": ok}}
+    bench = {"recipes": {"profile": {"steps": 3, "held_out": {"0:3": held(False), "3:6": held(True)}},
+                         "grounded": {"steps": 4, "held_out": {"0:3": held(True), "3:6": held(True)}}}}
+    rows, verdicts = recipe_rows(bench)
+    assert [(r["slice"], r["recipe"]) for r in rows] == [("0:3", "profile"), ("3:6", "profile"),
+                                                         ("0:3", "grounded"), ("3:6", "grounded")]
+    assert rows[0]["bars passed"] == "1/2" and rows[2]["gold step %"] == pytest.approx(100.0)
+    assert "misses" in verdicts[0] and "rows 3:6 it passes every bar" in verdicts[0]
+    assert verdicts[-1] == "recipes that pass every bar on every slice: `grounded`"

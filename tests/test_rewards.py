@@ -21,7 +21,8 @@ GOOD_TAGS = "<reasoning>\n16 - 3 - 4 = 9\n9 * 2 = 18\n</reasoning>\n<answer>\n18
 # ---------------------------------------------------------------- format regex
 def test_registry_names_match_function_names():
     assert list(REWARD_FUNCTIONS) == ["exact_format", "approximate_format", "correctness",
-                                      "number_extraction", "heuristic", "intermediate_results"]
+                                      "number_extraction", "heuristic", "intermediate_results",
+                                      "grounded_steps"]
     for name, fn in REWARD_FUNCTIONS.items():
         assert fn.__name__ == name
 
@@ -195,6 +196,7 @@ def test_every_reward_returns_one_finite_float_per_completion(batch, fmt):
     assert all(v in (3.0, 1.5, 0.5, -0.5, -1.0) for v in scores["correctness"])
     assert all(0.0 <= v <= 2.0 for v in scores["heuristic"])
     assert all(0.0 <= v <= R.STEP_REWARD for v in scores["intermediate_results"])
+    assert all(0.0 <= v <= R.STEP_REWARD for v in scores["grounded_steps"])
 
 
 @settings(max_examples=500, deadline=None)
@@ -230,3 +232,33 @@ def test_huge_and_pathological_inputs_are_fast_and_finite():
         for values in score_completions(huge, ["5"] * len(huge), fmt=fmt).values():
             assert all(math.isfinite(v) for v in values)
     assert time.perf_counter() - start < 10
+
+
+# ---------------------------------------------------------------- grounded_steps
+GOLD_SOLUTION = "She sold 48/2 = <<48/2=24>>24 in May.\n48+24 = <<48+24=72>>72\n#### 72"
+
+
+@pytest.mark.parametrize("work,expected", [
+    ("48/2 = 24\n48 + 24 = 72", 1.0),                       # both gold steps, both computed
+    ("48/2 = 24", 0.5),                                       # one of two gold steps
+    ("48/2 = 25\n48 + 24 = 72", 0.5),                        # a wrong equation earns nothing
+    ("So she has 24 and then = 72", 0.0),                     # gold values with no equation
+    ("48/2 = 24\n48/2 = 24\n48/2 = 24", 1 / 3),             # repeating a scoring step dilutes it
+    ("48/2 = 24\n48 + 24 = 72\n2*3 = 6\n1+1 = 2", 0.5),    # past the gold count, extra dilutes
+])
+def test_grounded_steps_credits_right_equations_only_and_caps_by_count(work, expected):
+    text = f"{work}\n#### 72"
+    got = R.grounded_steps([text], solution=[GOLD_SOLUTION])[0]
+    assert got == pytest.approx(R.STEP_REWARD * expected)
+
+
+def test_repeating_scoring_steps_pays_under_intermediate_results_but_not_grounded_steps():
+    """Repeats cost the F1-based reward nothing (it compares sets of values), so a policy may
+    pad its work freely; the grounded reward divides by every equation written."""
+    solution = "3*4 = <<3*4=12>>12\n12+5 = <<12+5=17>>17\n17-2 = <<17-2=15>>15\n#### 15"
+    plain = "3*4 = 12\n12 + 5 = 17\n#### 15"
+    padded = "3*4 = 12\n12 + 5 = 17\n3*4 = 12\n12 + 5 = 17\n1 + 16 = 17\n#### 15"
+    dense = R.intermediate_results([plain, padded], solution=[solution] * 2)
+    grounded = R.grounded_steps([plain, padded], solution=[solution] * 2)
+    assert dense[1] == dense[0]
+    assert grounded == pytest.approx([R.STEP_REWARD * 2 / 3, R.STEP_REWARD * 2 / 5])
