@@ -18,13 +18,14 @@ NBMAKE_TIMEOUT ?= 1800
 # A kernel started with MPLBACKEND=Agg shows no figures (plt.show() draws nothing into the page).
 unexport MPLBACKEND
 
-.PHONY: help install model static unit nbmake-smoke browser book-smoke test book book-check publish bench clean
+.PHONY: help install model static unit nbmake-smoke browser book-smoke test book book-check publish assignments bench clean
 
 help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
 	@echo "make test   - unit tests + notebooks on the smoke profile + book build (what CI runs)"
 	@echo "make book-check - chapters 2 and 3 on the full profile from an empty cache (the warm start trained anew)"
 	@echo "make publish - after make book: prepare _build/html for GitHub Pages, print the push command"
+	@echo "make assignments - student versions of the seven chapters (no solutions, graded checks) in _build/assignments/"
 	@echo "make bench  - throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json;"
 	@echo "              what whole GRPO recipes teach on held-out problems -> data/recipes.json;"
 	@echo "              each chapter's peak memory and minutes (binder, full) -> data/memory.json"
@@ -122,10 +123,15 @@ publish: install
 	echo "_build/html is ready. Publish it on the gh-pages branch with:"
 	echo "  $(BIN)/ghp-import -n -p -f _build/html"
 
+# Student versions for an instructor: solutions removed, stubs kept, checks graded (nbgrader metadata)
+assignments: install
+	$(BIN)/python -m grpo_course.assignments --out _build/assignments
+
 bench: model
 	$(BIN)/python bench/throughput.py --sweep
 	$(BIN)/python bench/levers.py
-	# whole recipes, the same minutes each, on held-out test rows 512-1023 (chapter 3 tests rows 0-511)
+	# whole recipes, the same minutes each, on held-out test rows 512-1023 and 1024-1318
+	# (chapter 3 tests rows 0-511)
 	$(BIN)/python bench/recipes.py
 	# every chapter in a fresh kernel: peak memory and minutes on the binder and full profiles
 	$(BIN)/python bench/memory.py --profiles binder,full

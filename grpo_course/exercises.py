@@ -60,31 +60,35 @@ def _blocked(*args, **kwargs):
 
 
 @contextlib.contextmanager
-def reference_hidden(reference: Callable) -> Iterator[None]:
-    """Within the block, calling ``reference`` by any name raises :class:`ReferenceHidden`: its
-    code is swapped for one that raises (a plain function without a closure; others are left
-    as they are), and put back on the way out."""
-    code = getattr(reference, "__code__", None)
-    if code is None or code.co_freevars:
-        yield
-        return
-    reference.__code__ = _blocked.__code__
+def reference_hidden(*functions: Callable) -> Iterator[None]:
+    """Within the block, calling any of ``functions`` by any name raises
+    :class:`ReferenceHidden`: each one's code is swapped for one that raises (plain functions
+    without a closure; others are left as they are), and put back on the way out."""
+    saved = {}
     try:
+        for fn in functions:
+            code = getattr(fn, "__code__", None)
+            if code is not None and not code.co_freevars and fn not in saved:
+                saved[fn] = code
+                fn.__code__ = _blocked.__code__
         yield
     finally:
-        reference.__code__ = code
+        for fn, code in saved.items():
+            fn.__code__ = code
 
 
 def check(candidate: Callable, reference: Callable, cases: Sequence[Case],
-          name: str | None = None, compare: Callable[[Any, Any], bool] = _same) -> bool | None:
+          name: str | None = None, compare: Callable[[Any, Any], bool] = _same,
+          hide: Sequence[Callable] = ()) -> bool | None:
     """Run ``candidate`` on every case ``(args, kwargs)`` against ``reference``'s answer and print
-    one line.
+    one line. ``reference`` and the helpers in ``hide`` (course functions that would do the
+    exercise's work) are switched off while ``candidate`` runs.
 
     Returns True when every case agrees, False at the first disagreement, exception or call of
     the reference, and None while the candidate still raises ``NotImplementedError``."""
     name = name or getattr(candidate, "__name__", "your function")
     expected_all = [reference(*args, **kwargs) for args, kwargs in cases]
-    with reference_hidden(reference):
+    with reference_hidden(reference, *hide):
         for k, ((args, kwargs), expected) in enumerate(zip(cases, expected_all), 1):
             try:
                 got = candidate(*args, **kwargs)
@@ -93,8 +97,9 @@ def check(candidate: Callable, reference: Callable, cases: Sequence[Case],
                       f"check again")
                 return None
             except ReferenceHidden:
-                print(f"{name}: it calls the course's `{reference.__name__}`, the function this "
-                      f"exercise asks you to write - compute the result yourself")
+                names = ", ".join(f"`{f.__name__}`" for f in (reference, *hide))
+                print(f"{name}: it calls the course's version ({names}), the work this exercise "
+                      f"asks you to write - compute the result yourself")
                 return False
             except Exception as err:  # noqa: BLE001 - the student sees the error, not a traceback
                 print(f"{name}: case {k} raised {type(err).__name__}: {err}\n  inputs: "
@@ -153,7 +158,8 @@ def integer_answer(completions, **kwargs) -> list[float]:
 
 
 def reward_group_cases(n: int = 30, seed: int = 0) -> list[Case]:
-    """Rewards ``[P * G]`` with G in {2, 4, 8}, some groups tied, and the group size G."""
+    """Rewards ``[P * G]`` with G in {2, 4, 8}, some groups tied, and the group size G; then the
+    edges: G = 1 (every group a tie), a whole batch tied, and no rewards at all."""
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     cases = []
@@ -164,7 +170,8 @@ def reward_group_cases(n: int = 30, seed: int = 0) -> list[Case]:
             if rng.random() < 0.3:
                 rewards[p] = rewards[p, 0]              # a tied group: no learning signal
         cases.append(((rewards.view(-1), G), {}))
-    return cases
+    return cases + [((torch.tensor([1.0, 2.0, 3.0]), 1), {}), ((torch.full((8,), 2.5), 4), {}),
+                    ((torch.zeros(0), 4), {})]
 
 
 def ewc_cases(n: int = 10, seed: int = 0) -> list[Case]:
@@ -218,10 +225,11 @@ def roofline_bound(intensity: float, peak_gflops: float, bandwidth: float) -> fl
 
 def frac_reward_zero_std(rewards: torch.Tensor, group_size: int) -> float:
     """Chapter 4's exercise, the course's version: the share of groups whose rewards all tie
-    (TRL logs it as ``frac_reward_zero_std``)."""
+    (TRL logs it as ``frac_reward_zero_std``); 0.0 for no groups."""
     from .grpo import zero_std_groups
 
-    return float(zero_std_groups(rewards, group_size).float().mean())
+    tied = zero_std_groups(rewards, group_size)
+    return float(tied.float().mean()) if tied.numel() else 0.0
 
 
 # ---------------------------------------------------------------- more exercises (two a chapter)

@@ -43,7 +43,7 @@ def test_a_wrapper_around_the_reference_fails_by_any_name(capsys):
     for wrapper in (lambda r, G: group_advantages(r, G), lambda r, G: grpo.group_advantages(r, G),
                     lambda r, G: imported_name(r, G, scale="group")):
         assert ex.check(wrapper, group_advantages, ex.reward_group_cases()) is False
-        assert "calls the course's `group_advantages`" in capsys.readouterr().out
+        assert "calls the course's version (`group_advantages`)" in capsys.readouterr().out
     # and the reference works again afterwards
     assert group_advantages(torch.tensor([1.0, 3.0]), 2).tolist() == pytest.approx([-0.70706, 0.70706], abs=1e-4)
 
@@ -73,7 +73,9 @@ def test_every_exercise_reference_is_consistent_with_the_course():
     scores = ex.integer_answer(["x #### 42", "x #### 3.5", "x #### 1,200", "no answer", "#### ten", None])
     assert scores == [1.0, 0.0, 1.0, 0.0, 0.0, 0.0]
     # chapter 4: TRL's frac_reward_zero_std
-    by_hand = lambda r, G: float((r.view(-1, G).std(1) == 0).float().mean())
+    def by_hand(r, G):
+        g = r.view(-1, G)
+        return float(((g.max(1).values - g.min(1).values) == 0).float().mean()) if g.numel() else 0.0
     assert ex.check(by_hand, ex.frac_reward_zero_std, ex.reward_group_cases()) is True
     # chapter 5: EWC written out equals the course's penalty
     def ewc_by_hand(params, anchors, fisher, lam):
@@ -156,7 +158,12 @@ def test_second_exercises_pass_a_written_out_solution_and_cover_their_edges():
             out.append(3.0 if float(guess) == float(gold) else 1.5 if 0.9 <= ratio <= 1.1
                        else 0.5 if 0.8 <= ratio <= 1.2 else -0.5)
         return out
-    assert ex.check(my_correctness, correctness, ex.tiered_completion_cases()) is True
+    from grpo_course.rewards import answer_tier
+    assert ex.check(my_correctness, correctness, ex.tiered_completion_cases(),
+                    hide=[answer_tier]) is True
+    cheat = lambda completions, answer, **kw: [answer_tier(extract_hash_answer(completion_text(c)), g)
+                                               for c, g in zip(completions, answer)]
+    assert ex.check(cheat, correctness, ex.tiered_completion_cases(), hide=[answer_tier]) is False
 
     def my_exact(completions, answer, **kwargs):              # chapter 4
         return [1.0 if extract_hash_answer(m[0]["content"]) is not None
