@@ -192,3 +192,37 @@ def test_browser_chapter_is_complete_offline(served_book, page, stem):
     assert not failed, f"{stem}: failed requests: {sorted(set(failed))}"
     assert "\\(" not in text and "\\[" not in text and "$$" not in text, f"{stem}: raw LaTeX on the page"
     assert all(done and w > 0 for _, done, w in sizes), f"{stem}: images that did not load {sizes}"
+
+
+@pytest.mark.parametrize("stem", chapters())
+def test_browser_quiz_answers_a_question_with_feedback_offline(served_book, page, stem):
+    """A reader without internet clicks an answer of the chapter's quiz and gets its feedback;
+    the quiz's questions and scripts are in the page, so no request leaves it."""
+    from urllib.parse import urlparse
+
+    outside = []
+    def route(r):
+        if urlparse(r.request.url).hostname in ("127.0.0.1", "localhost"):
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
+    page.route("**/*", route)
+    try:
+        page.goto(f"{served_book}/notebooks/{stem}.html", wait_until="networkidle")
+        page.wait_for_selector(".Quiz .MCButton", timeout=30_000)
+        quizzes = page.query_selector_all(".Quiz")
+        question = next(q for q in quizzes if q.query_selector(".MCButton"))   # multiple choice
+        answer = question.query_selector(".MCButton")
+        answer.scroll_into_view_if_needed()
+        answer.click()
+        page.wait_for_function("q => q.querySelector('.Feedback').innerText.trim().length > 0",
+                               arg=question, timeout=10_000)
+        feedback = question.query_selector(".Feedback").inner_text().strip()
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        question.screenshot(path=str(SHOTS / f"quiz-{stem}.png"))
+    finally:
+        page.unroute("**/*")
+    assert feedback, f"{stem}: clicking an answer gave no feedback"
+    assert len(quizzes) >= 3, f"{stem}: the quiz shows {len(quizzes)} questions"
+    assert not outside, f"{stem}: the quiz made requests leaving localhost: {sorted(set(outside))}"
