@@ -150,14 +150,12 @@ def test_browser_chapter_renders_figures_without_errors(served_book, page, stem)
     assert page.query_selector_all(".output.traceback, .output.error") == [], f"{stem}: cell error"
 
 
-@pytest.mark.parametrize("stem", chapters())
-def test_browser_chapter_is_complete_offline(served_book, page, stem):
-    """What a reader without internet sees: every request a page makes stays on localhost (any
-    other is blocked and reported), the math is typeset by MathJax (no raw LaTeX left), static
-    widgets render where a chapter embeds one, and figures have a size."""
+def _block_outside(page) -> list[str]:
+    """Block every request of ``page`` that leaves localhost; the list collects their URLs
+    (``page.unroute("**/*")`` ends it)."""
     from urllib.parse import urlparse
 
-    outside, failed = [], []
+    outside: list[str] = []
     def route(r):
         if urlparse(r.request.url).hostname in ("127.0.0.1", "localhost"):
             r.continue_()
@@ -165,6 +163,16 @@ def test_browser_chapter_is_complete_offline(served_book, page, stem):
             outside.append(r.request.url)
             r.abort()
     page.route("**/*", route)
+    return outside
+
+
+@pytest.mark.parametrize("stem", chapters())
+def test_browser_chapter_is_complete_offline(served_book, page, stem):
+    """What a reader without internet sees: every request a page makes stays on localhost (any
+    other is blocked and reported), the math is typeset by MathJax (no raw LaTeX left), static
+    widgets render where a chapter embeds one, and figures have a size."""
+    failed = []
+    outside = _block_outside(page)
     on_failed = lambda req: failed.append(req.url)
     on_response = lambda resp: failed.append(f"{resp.status} {resp.url}") if resp.status >= 400 else None
     page.on("requestfailed", on_failed)
@@ -198,16 +206,7 @@ def test_browser_chapter_is_complete_offline(served_book, page, stem):
 def test_browser_quiz_answers_a_question_with_feedback_offline(served_book, page, stem):
     """A reader without internet clicks an answer of the chapter's quiz and gets its feedback;
     the quiz's questions and scripts are in the page, so no request leaves it."""
-    from urllib.parse import urlparse
-
-    outside = []
-    def route(r):
-        if urlparse(r.request.url).hostname in ("127.0.0.1", "localhost"):
-            r.continue_()
-        else:
-            outside.append(r.request.url)
-            r.abort()
-    page.route("**/*", route)
+    outside = _block_outside(page)
     try:
         page.goto(f"{served_book}/notebooks/{stem}.html", wait_until="networkidle")
         page.wait_for_selector(".Quiz .MCButton", timeout=30_000)
