@@ -184,23 +184,29 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(exc))
 
     results = read_measurements(out)
+    failed: list[str] = []
     for path in paths:
         for profile in profiles:
             print(f"{path.stem} on {profile} ...", file=sys.stderr, flush=True)
             res = run_chapter(path, profile, a.interval, a.timeout,
                               Path(a.executed) if a.executed else None)
-            results.setdefault(path.stem, {})[profile] = res
+            if res["ok"] or not results.get(path.stem, {}).get(profile, {}).get("ok"):
+                results.setdefault(path.stem, {})[profile] = res
+            else:                                  # a failed run never replaces a measured peak
+                failed.append(f"{path.stem}/{profile}")
             print(f"  peak {res['peak_rss_mib']:.0f} MiB, {res['wall_s'] / 60:.1f} min"
                   + ("" if res["ok"] else f", FAILED: {res['error']}"), file=sys.stderr, flush=True)
             write_json_atomic(out, {"results": results})
+    failed += [f"{ch}/{pr}" for ch, r in results.items() for pr, v in r.items() if not v["ok"]]
     binder = {ch: r["binder"]["peak_rss_mib"] for ch, r in results.items() if "binder" in r}
     line = {"bench": "memory", "results": results,
             "binder_limit_mib": CHAPTER_LIMIT_MIB,
-            "binder_within_limit": all(v <= CHAPTER_LIMIT_MIB for v in binder.values()) if binder else None,
+            "binder_within_limit": (all(v <= CHAPTER_LIMIT_MIB for v in binder.values()) and not failed
+                                    if binder else None),
+            "failed": failed,
             "machine": {**bench_facts(), "memory_limit_mib": round(memory_limit_bytes() / 2**20)}}
     write_json_atomic(out, {"results": results, "machine": line["machine"]})
     print(json.dumps(line))
-    failed = [f"{ch}/{pr}" for ch, r in results.items() for pr, v in r.items() if not v["ok"]]
     return 1 if failed else 0
 
 
