@@ -248,3 +248,18 @@ class LiveCurves:
         self.fig.tight_layout()
         if self.handle is not None:
             self.handle.update(self.fig)
+
+
+def side_by_side(sources: dict[str, str], max_height_px: int = 480):
+    """Source texts in columns, each under its title and scrolling on its own (an HTML output:
+    the same in the built book, JupyterLab and Colab)."""
+    from html import escape
+
+    from IPython.display import HTML
+
+    columns = "".join(
+        f'<div style="flex:1;min-width:0"><b>{escape(title)}</b>'
+        f'<pre style="max-height:{max_height_px}px;overflow:auto;font-size:11px;'
+        f'border:1px solid #ddd;padding:4px">{escape(text)}</pre></div>'
+        for title, text in sources.items())
+    return HTML(f'<div style="display:flex;gap:12px">{columns}</div>')

@@ -218,6 +218,13 @@ def trl_default_rows(trl_cfg) -> list[dict[str, Any]]:
             for name, why in DEFAULT_CHANGES.items()]
 
 
+def config_differences(a, b) -> dict[str, tuple[Any, Any]]:
+    """The fields of two ``trl.GRPOConfig`` objects whose values differ: ``{field: (a's, b's)}``
+    (empty when the two configs would train alike)."""
+    da, db = a.to_dict(), b.to_dict()
+    return {k: (da.get(k), db.get(k)) for k in sorted(set(da) | set(db)) if da.get(k) != db.get(k)}
+
+
 def mapping_rows(cfg: GRPOConfig, trl_cfg=None) -> list[dict[str, Any]]:
     """One row per translated field: course name and value, TRL name and value."""
     rows = []

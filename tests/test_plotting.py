@@ -83,3 +83,11 @@ def test_live_curves_redraw_every_run_in_its_panels():
     assert "kl" not in curves.points["beta"]                         # None: no point drawn
     assert [len(curves.axes[k].lines) for k in ("reward", "kl")] == [2, 1]
     assert curves.axes["reward"].get_title() == "mean reward"
+
+
+def test_side_by_side_escapes_each_source_in_its_own_column():
+    from grpo_course.plotting import side_by_side
+
+    html = side_by_side({"TRL <1.16>": "if a < b:\n    pass", "ours": "x & y"}).data
+    assert html.count('<div style="flex:1') == 2
+    assert "TRL &lt;1.16&gt;" in html and "if a &lt; b:" in html and "x &amp; y" in html

@@ -16,124 +16,37 @@ from grpo_course.config import ConfigError, GRPOConfig
 from grpo_course.grpo import group_advantages, grpo_loss
 from grpo_course import trl_bridge
 
-G, PROMPTS, T, MAX_LEN = 4, 2, 6, 8     # 8 completions of <= 6 tokens, max_completion_length 8
+from grpo_course.loss_check import (CASES, G, MAX_LEN, PROMPTS, compare_case, course_loss,
+                                    fixed_batch, tiny_llama, trl_loss, trl_trainer)
 
 
 # ---------------------------------------------------------------- a tiny offline trainer
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
     """A randomly initialised 1-layer Llama and a word-level tokenizer, saved locally."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
     trl_bridge.quiet_trl()
-    vocab = {"<pad>": 0, "<eos>": 1, **{f"t{i}": i + 2 for i in range(30)}}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="<eos>")
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(vocab), hidden_size=8, intermediate_size=16, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder, tok
-
-
-def constant_reward(completions, **kwargs):
-    return [0.0] * len(completions)
-
-
-def make_trainer(folder, tok, tmp_path, trl_overrides=None, **course):
-    """A real GRPOTrainer whose arguments come from the course config (through the bridge)."""
-    from datasets import Dataset
-    from trl import GRPOTrainer
-
-    cfg = GRPOConfig(num_generations=G, per_step_completions=G * PROMPTS,
-                     max_completion_length=MAX_LEN, max_steps=1,
-                     reward_weights={"exact_format": 1.0}, use_lora=False, **course)
-    args = trl_bridge.grpo_config_from_course(cfg, tmp_path / "out", **(trl_overrides or {}))
-    trainer = GRPOTrainer(model=str(folder), reward_funcs=constant_reward, args=args,
-                          train_dataset=Dataset.from_dict({"prompt": ["t1 t2", "t3 t4"]}),
-                          processing_class=tok)
-    trainer.model.train()                       # _compute_loss reads the mode
-    trainer.current_gradient_accumulation_steps = 1   # what train() sets for this config
-    return trainer
+    return tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
 
 
 @pytest.fixture(scope="module")
 def batch():
-    """One fixed batch; ratios spread on both sides of every clipping bound."""
-    gen = torch.Generator().manual_seed(1)
-    lengths = torch.tensor([6, 3, 5, 1, 6, 2, 4, 6])
-    mask = (torch.arange(T)[None] < lengths[:, None]).long()
-    old = -torch.rand(G * PROMPTS, T, generator=gen) * 3 - 0.1
-    logps = old + torch.randn(G * PROMPTS, T, generator=gen) * 0.4
-    ref = old + torch.randn(G * PROMPTS, T, generator=gen) * 0.3
-    rewards = torch.tensor([3.0, -1.0, 0.5, 1.5, 0.0, 2.0, 2.0, -0.5])
-    return {"logps": logps, "old": old, "ref": ref, "mask": mask, "rewards": rewards}
-
-
-def trl_loss(trainer, b, advantages, num_items_in_batch):
-    """TRL's loss, gradient w.r.t. the log-probs, and logged metrics for the fixed batch."""
-    logps = b["logps"].clone().requires_grad_(True)
-    B = logps.shape[0]
-
-    def fixed_logps(model, input_ids, attention_mask, logits_to_keep, **kwargs):
-        assert logits_to_keep == T and input_ids.shape[0] == B
-        return logps, torch.zeros_like(logps), None
-
-    trainer._get_per_token_logps_and_entropies = fixed_logps
-    inputs = {"prompt_ids": torch.ones(B, 2, dtype=torch.long),
-              "prompt_mask": torch.ones(B, 2, dtype=torch.long),
-              "completion_ids": torch.full((B, T), 2, dtype=torch.long),
-              "completion_mask": b["mask"], "advantages": advantages,
-              "old_per_token_logps": b["old"], "ref_per_token_logps": b["ref"],
-              "num_items_in_batch": torch.as_tensor(float(num_items_in_batch))}
-    trainer._metrics["train"].clear()
-    loss = trainer._compute_loss(trainer.model, inputs)
-    loss.backward()
-    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
-    return loss.detach(), logps.grad, metrics
-
-
-def ours_loss(b, advantages, num_items_in_batch, **kw):
-    logps = b["logps"].clone().requires_grad_(True)
-    loss, metrics = grpo_loss(logps, b["old"], advantages, b["mask"],
-                              ref_per_token_logps=b["ref"], max_completion_length=MAX_LEN,
-                              num_items_in_batch=num_items_in_batch, **kw)
-    loss.backward()
-    return loss.detach(), logps.grad, metrics
-
-
-CASES = [(lt, beta, eps_hi) for lt in ("grpo", "bnpo", "dr_grpo", "dapo")
-         for beta in (0.0, 0.04) for eps_hi in (None, 0.28)]
+    return fixed_batch()
 
 
 @pytest.mark.parametrize("loss_type,beta,epsilon_high", CASES,
                          ids=[f"{lt}-beta{b}-epshi{e}" for lt, b, e in CASES])
 def test_grpo_loss_matches_trl_trainer(tiny_model_dir, tmp_path, batch, loss_type, beta,
                                        epsilon_high):
+    """The chapter's cross-check, case by case: what chapter 4 glues is held to 1e-6."""
     folder, tok = tiny_model_dir
-    trainer = make_trainer(folder, tok, tmp_path, loss_type=loss_type, beta=beta,
-                           epsilon_low=0.2, epsilon_high=epsilon_high)
+    trainer = trl_trainer(folder, tok, tmp_path, loss_type=loss_type, beta=beta,
+                          epsilon_low=0.2, epsilon_high=epsilon_high)
     assert (trainer.epsilon_low, trainer.epsilon_high) == (0.2, epsilon_high or 0.2)
     assert trainer.beta == beta and trainer.loss_type == loss_type
-    advantages = group_advantages(batch["rewards"], G, scale="group")
-    # dapo divides by the real tokens of the whole generation batch; pretend it held
-    # a second batch of 7 more tokens so the normalizer differs from bnpo's
-    items = float(batch["mask"].sum()) + (7 if loss_type == "dapo" else 0)
-    ref_loss, ref_grad, ref_metrics = trl_loss(trainer, batch, advantages, items)
-    loss, grad, metrics = ours_loss(batch, advantages, items, loss_type=loss_type, beta=beta,
-                                    epsilon_low=0.2, epsilon_high=epsilon_high)
-    assert torch.isfinite(ref_loss) and ref_loss.abs() > 1e-4   # a non-trivial batch
-    assert abs(float(loss) - float(ref_loss)) < 1e-5, (float(loss), float(ref_loss))
-    torch.testing.assert_close(grad, ref_grad, atol=1e-5, rtol=1e-4)
-    for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
-        assert metrics[key] == pytest.approx(ref_metrics[key], abs=1e-6), key
-    if beta:
-        assert metrics["kl"] == pytest.approx(ref_metrics["kl"], abs=1e-5)
+    row = compare_case(folder, tok, tmp_path, batch, loss_type, beta, epsilon_high)
+    assert abs(row["trl_loss"]) > 1e-4                  # a non-trivial batch
+    assert row["loss_diff"] <= 1e-6, row
+    assert row["grad_diff"] <= 1e-5 and row["clip_diff"] <= 1e-6 and row["kl_diff"] <= 1e-5, row
 
 
 def test_trl_default_ratio_weighted_kl_is_a_different_objective(tiny_model_dir, tmp_path, batch):
@@ -141,13 +54,13 @@ def test_trl_default_ratio_weighted_kl_is_a_different_objective(tiny_model_dir, 
     On-policy (logps == old) the loss values agree but the gradients do not, which is
     why the bridge turns it off to train the course's objective."""
     folder, tok = tiny_model_dir
-    trainer = make_trainer(folder, tok, tmp_path, beta=0.04,
+    trainer = trl_trainer(folder, tok, tmp_path, beta=0.04,
                            trl_overrides={"use_bias_correction_kl": True})
     on_policy = dict(batch, logps=batch["old"].clone())
     adv = group_advantages(batch["rewards"], G)
     items = float(batch["mask"].sum())
     ref_loss, ref_grad, _ = trl_loss(trainer, on_policy, adv, items)
-    loss, grad, _ = ours_loss(on_policy, adv, items, beta=0.04)
+    loss, grad, _ = course_loss(on_policy, adv, items, beta=0.04)
     assert abs(float(loss) - float(ref_loss)) < 1e-5
     assert (grad - ref_grad).abs().max() > 1e-4
 
