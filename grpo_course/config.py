@@ -347,7 +347,9 @@ class Profile:
     quant_decode_tokens: int = 32         # new tokens per timing run
     quant_torchao_batch_sizes: tuple[int, ...] = (1, 8)
     quant_torchao_decode_tokens: int = 4
-    quant_eval_n: int = 96                # held-out problems per evaluated variant
+    quant_eval_n: int = 256               # held-out problems per evaluated variant (paired)
+    quant_policy_steps: int = 6           # GRPO steps of the policy trained here when chapter 3's
+                                          # is not in the cache (its recipe, from the warm start)
     # chapter 7 (profiling); the profiled step itself uses ``grpo``
     prof_steps: int = 2                               # timed trainer steps (after one warm-up)
     prof_threads: tuple[int, ...] = (1, 2, 3, 4)      # thread counts for the scaling runs
@@ -375,13 +377,14 @@ class Profile:
                                                       # (gradient accumulation; None: the whole step at
                                                       # once), like GRPOConfig.train_micro_batch
     # chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides
-    cl_steps_per_stage: int = 2                       # GRPO steps per curriculum stage (and per swept lambda)
+    cl_steps_per_stage: int = 5                       # GRPO steps per curriculum stage (and per swept lambda)
     cl_max_completion_length: int = 96                # completion budget while training
-    cl_eval_n: int = 32                               # held-out basic (stage-1) test problems
+    cl_eval_n: int = 48                               # held-out basic (stage-1) test problems
     cl_eval_max_new_tokens: int = 96                  # greedy budget of those evaluations
     cl_fisher_prompts: int = 8                        # stage-1 problems for the Fisher
     cl_fisher_many_prompts: int = 24                  # ... for the many-sample Fisher it is checked against
-    cl_nll_rows: int = 24                             # held-out stage-1 solutions scored
+    cl_nll_rows: int = 64                             # held-out stage-1 solutions scored
+    cl_reward_samples: int = 8                        # samples per problem of a stage's own-problem reward
     cl_lam: float = 1e4                               # EWC strength of the main run
     cl_sweep_lams: tuple[float, ...] = (0.0, 1e4, 1e6)   # 0 and cl_lam: the two curriculum runs
     # chapters 4 and 5 train shorter runs than chapter 3, with smaller steps (see short_run)
@@ -434,7 +437,7 @@ PROFILES: dict[str, Profile] = {
         n_inspect=200, n_demo=1, reward_prompts=2, reward_max_new_tokens=48,
         quant_agreement_prompts=2, quant_torchao_prompts=1, quant_last_k=8,
         quant_batch_sizes=(1,), quant_decode_tokens=6, quant_torchao_batch_sizes=(1,),
-        quant_torchao_decode_tokens=2, quant_eval_n=4,
+        quant_torchao_decode_tokens=2, quant_eval_n=4, quant_policy_steps=1,
         prof_steps=1, prof_threads=(1, 2), prof_scaling_length=8, prof_matmul_n=1024,
         prof_copy_mib=64, prof_lever_length=8, prof_lever_generations=(2, 4),
         prof_lever_lengths=(8, 16), prof_nocache_tokens=8,
@@ -442,6 +445,7 @@ PROFILES: dict[str, Profile] = {
         loop_steps=2, loop_kl_steps=1, loop_prompts=1, loop_pool=2,
         cl_steps_per_stage=1, cl_max_completion_length=16, cl_eval_n=2,
         cl_eval_max_new_tokens=24, cl_fisher_prompts=2, cl_fisher_many_prompts=4, cl_nll_rows=4,
+        cl_reward_samples=2,
         cl_sweep_lams=(0.0, 1e4, 1e6),
         extra={},
     ),
@@ -491,7 +495,7 @@ def _binder_profile(full: Profile) -> Profile:
         grpo=replace(full.grpo, per_step_completions=8, generation_batch_size=16,
                      gradient_checkpointing=True),
         reward_prompts=4, pass_k_prompts=4,
-        quant_eval_n=48, prof_copy_mib=128,
+        quant_eval_n=48, quant_policy_steps=4, prof_copy_mib=128,
         prof_trace_step={"num_generations": 2, "per_step_completions": 2, "max_completion_length": 8,
                          "generation_batch_size": None},
         prof_full_finetune=False, prof_logits_completions=2,
