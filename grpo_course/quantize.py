@@ -381,6 +381,37 @@ def logits_agreement(reference: torch.Tensor, other: torch.Tensor) -> dict[str, 
             "positions": int(reference.shape[0])}
 
 
+def paired_rows(results: dict[str, Any], dataset, weights: dict[str, float],
+                reference: str = "fp32") -> list[dict[str, Any]]:
+    """Each variant of ``results`` (``EvalResult`` by name, the same problems) against
+    ``reference``, problem by problem: format and accuracy with McNemar's p, and the recipe's
+    reward (``weights``) of each greedy answer with the 95 % interval of the paired difference."""
+    from .attribution import held_out_rewards, paired_difference
+    from .evaluate import mcnemar_test
+
+    ref = results[reference]
+    ref_reward = held_out_rewards(ref, dataset, weights)
+    rows = []
+    for name, r in results.items():
+        if name == reference:
+            continue
+        fmt = mcnemar_test([x["formatted"] for x in ref.records], [x["formatted"] for x in r.records])
+        acc = mcnemar_test([x["correct"] for x in ref.records], [x["correct"] for x in r.records])
+        reward = paired_difference(ref_reward, held_out_rewards(r, dataset, weights))
+        rows.append({"variant": name, "n": r.n,
+                     f"format % ({reference})": 100 * ref.format_rate, "format %": 100 * r.format_rate,
+                     "format lost / gained": f"{fmt['a_only']} / {fmt['b_only']}",
+                     "format p": fmt["p_value"],
+                     f"reward ({reference})": reward["mean_a"], "reward": reward["mean_b"],
+                     "reward change": reward["difference"],
+                     "reward 95 % CI": f"[{reward['lo']:+.3f}, {reward['hi']:+.3f}]",
+                     "reward_lo": reward["lo"], "reward_hi": reward["hi"],
+                     f"accuracy % ({reference})": 100 * ref.accuracy, "accuracy %": 100 * r.accuracy,
+                     "accuracy lost / gained": f"{acc['a_only']} / {acc['b_only']}",
+                     "accuracy p": acc["p_value"]})
+    return rows
+
+
 def time_decoding(model, tokenizer, prompts: Sequence[str], batch_size: int,
                   max_new_tokens: int, fast: bool = False, repeats: int = 1) -> dict[str, float]:
     """Time to first token (prefill + one pick) and decode tokens/s of greedy decoding of

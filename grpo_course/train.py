@@ -138,6 +138,16 @@ def add_lora(model, config: GRPOConfig):
         return get_peft_model(model, lora)
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each layer's activations in the backward pass instead of keeping them (the
+    binder profile's ``gradient_checkpointing``); it acts in train mode only, so the sampler
+    (eval mode) keeps its cache."""
+    if hasattr(model, "activation_checkpointing_enable"):     # transformers 5's name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def _atomic_dir(path: Path, write: Callable[[Path], None]) -> Path:
     """Run ``write(tmp)`` into a temporary folder beside ``path``, then rename it into place
     (:func:`grpo_course.atomic.atomic_write`: the old folder survives any failure)."""
@@ -166,12 +176,7 @@ class CourseTrainer:
             # good (half its bytes; TRL's bf16 weights), not in fp32 plus a bf16 copy per step
             hold_frozen_weights_in(self.model, torch.bfloat16)
         if config.gradient_checkpointing:    # only in train mode: the sampler (eval mode) keeps its cache
-            if hasattr(self.model, "activation_checkpointing_enable"):     # transformers 5's name
-                self.model.activation_checkpointing_enable(
-                    activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                self.model.gradient_checkpointing_enable(
-                    gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(self.model)
         self.reward_funcs = dict(reward_funcs or _default_rewards(config.reward_weights))
         name = config.dynamic_sampling_reward
         if name is not None and name not in self.reward_funcs:   # scored for the filter, weight 0

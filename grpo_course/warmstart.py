@@ -84,8 +84,50 @@ def load_adapter_state(model, folder) -> None:
 def warm_policy(model, config, folder):
     """``model`` with fresh LoRA adapters of ``config``'s shape set to the warm start's weights in
     ``folder``: the policy a GRPO run starts from (its base weights stay as they are, fp32 for a
-    freshly loaded model). Chapter 3's own GRPO loop trains it."""
-    from .train import add_lora
+    freshly loaded model), with activation checkpointing where ``config`` asks for it. Chapter 3's
+    own GRPO loop trains it."""
+    from .train import add_lora, enable_activation_checkpointing
     policy = add_lora(model, config)
     load_adapter_state(policy, folder)
+    if config.gradient_checkpointing:         # the binder profile: the loop's passes recompute
+        enable_activation_checkpointing(policy)   # activations (in train mode; sampling is eval)
+        policy.train()
     return policy
+
+
+#: where :func:`trained_policy` keeps the policy it trains when chapter 3's is not cached
+POLICY_DIR = "policy"
+
+
+def trained_policy(profile, train_dataset) -> tuple[Path, str]:
+    """A GRPO-trained policy of ``profile``'s recipe and one sentence saying which: chapter 3's
+    (``runs_dir()/grpo``: its warm start and GRPO adapter, which
+    :func:`~grpo_course.models.load_model` merges) when chapter 3 ran on this profile; else the
+    same recipe trained now from the warm start for ``profile.quant_policy_steps`` steps, saved
+    under ``runs_dir()/policy`` and reused while its recipe and code are unchanged."""
+    from .models import runs_dir
+    from .train import CourseTrainer
+
+    chapter3 = runs_dir(profile.name) / "grpo"
+    if (chapter3 / "adapter_config.json").is_file():
+        return chapter3, "chapter 3's GRPO policy (its warm start and GRPO adapter, merged)"
+    config = dataclasses.replace(profile.grpo, max_steps=profile.quant_policy_steps)
+    sft_dir = warm_start(config, train_dataset)
+    key = f"{warm_start_key(config, train_dataset)}-{config.max_steps}"
+    folder = runs_dir(profile.name) / POLICY_DIR
+    steps = f"{config.max_steps} GRPO step{'s' if config.max_steps != 1 else ''}"
+    how = (f"chapter 3's recipe, trained here for {steps} from the warm start (chapter 3's "
+           f"policy is not in the cache; run chapter 3 for its longer run)")
+    if (folder / "adapter_config.json").is_file() and (folder / "policy_key.txt").is_file() \
+            and (folder / "policy_key.txt").read_text() == key:
+        return folder, how
+    from .atomic import write_text_atomic
+    from .models import load_model
+
+    (folder / "policy_key.txt").unlink(missing_ok=True)   # stale until the new policy is saved
+    model, tokenizer = load_model(config.model)
+    trainer = CourseTrainer(model, tokenizer, config, train_dataset).start_from(sft_dir)
+    trainer.train()
+    trainer.save_model(folder)
+    write_text_atomic(folder / "policy_key.txt", key)
+    return folder, how

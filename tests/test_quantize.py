@@ -152,3 +152,44 @@ def test_real_model_dynamic_int8_agrees_on_a_gsm8k_prompt():
     assert agree["top1_agreement"] >= 0.5 and agree["cosine_mean"] > 0.6
     sizes_fp32, sizes_q = Q.storage_bytes(model), Q.storage_bytes(q)
     assert 3.5 < sizes_fp32["linear"] / sizes_q["linear"] <= 4.0
+
+
+# ---------------------------------------------------------------- chapter 6: variants paired against fp32
+_PAIRED_ROWS = [
+    {"idx": 0, "question": "Tom has 12 apples and buys 30 more. How many?",
+     "solution": "12+30=<<12+30=42>>42\n#### 42", "answer": "42"},
+    {"idx": 1, "question": "A box holds 6 pens. How many pens are in 4 boxes?",
+     "solution": "6*4=<<6*4=24>>24\n#### 24", "answer": "24"},
+    {"idx": 2, "question": "Ann reads 15 pages a day for 2 days. How many pages?",
+     "solution": "15*2=<<15*2=30>>30\n#### 30", "answer": "30"},
+]
+
+
+def _answers(texts):
+    from grpo_course.answers import answers_match, extract_hash_answer
+    from grpo_course.evaluate import EvalResult
+
+    records = []
+    for row, text in zip(_PAIRED_ROWS, texts):
+        guess = extract_hash_answer(text)
+        records.append({"idx": row["idx"], "completion": text, "formatted": guess is not None,
+                        "correct": answers_match(guess, row["answer"])})
+    return EvalResult.from_records(records)
+
+
+def test_paired_rows_compare_each_variant_with_fp32_problem_by_problem():
+    from grpo_course.attribution import held_out_rewards
+
+    fp32 = _answers(["12+30 = 42\n#### 42", "6*4 = 24\n#### 24", "15*2 = 30\n#### 30"])
+    worse = _answers(["12+30 = 42\n#### 42", "I do not know", "15*2 = 31"])
+    weights = {"correctness": 1.0, "exact_format": 0.5}
+    (row,) = Q.paired_rows({"fp32": fp32, "int8": worse}, _PAIRED_ROWS, weights)
+    assert row["variant"] == "int8" and row["n"] == 3
+    assert (row["format % (fp32)"], row["format %"]) == (100.0, pytest.approx(100 / 3))
+    assert row["format lost / gained"] == "2 / 0" and row["accuracy lost / gained"] == "2 / 0"
+    a, b = held_out_rewards(fp32, _PAIRED_ROWS, weights), held_out_rewards(worse, _PAIRED_ROWS, weights)
+    assert row["reward (fp32)"] == pytest.approx(sum(a) / 3)
+    assert row["reward change"] == pytest.approx((sum(b) - sum(a)) / 3) and row["reward change"] < 0
+    assert row["reward_lo"] <= row["reward change"] <= row["reward_hi"]
+    same = Q.paired_rows({"fp32": fp32, "copy": fp32}, _PAIRED_ROWS, weights)[0]
+    assert same["reward change"] == 0 and same["format p"] == 1.0 and same["accuracy p"] == 1.0

@@ -1,0 +1,63 @@
+"""``trained_policy``: the GRPO policy chapter 6 quantizes (chapter 3's, or a short run of its
+recipe, trained once and reused while its key holds)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from grpo_course import warmstart
+from grpo_course.config import get_profile
+
+
+class FakeTrainer:
+    """Stands in for ``CourseTrainer``: counts GRPO runs and writes an adapter folder."""
+    runs = 0
+
+    def __init__(self, model, tokenizer, config, data):
+        self.config = config
+
+    def start_from(self, folder):
+        return self
+
+    def train(self):
+        FakeTrainer.runs += 1
+
+    def save_model(self, folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "adapter_config.json").write_text("{}")
+
+
+@pytest.fixture
+def fake_training(monkeypatch, tmp_path):
+    import grpo_course.models as models
+    import grpo_course.train as train
+
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path))
+    monkeypatch.setattr(warmstart, "warm_start", lambda config, data: tmp_path / "warm")
+    monkeypatch.setattr(warmstart, "warm_start_key", lambda config, data: "key")
+    monkeypatch.setattr(models, "load_model", lambda name: (None, None))
+    monkeypatch.setattr(train, "CourseTrainer", FakeTrainer)
+    FakeTrainer.runs = 0
+    return tmp_path
+
+
+def test_chapter_3s_policy_is_used_when_it_was_trained(fake_training):
+    from grpo_course.models import runs_dir
+
+    profile = get_profile("smoke")
+    folder = runs_dir("smoke") / "grpo"
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{}")
+    got, how = warmstart.trained_policy(profile, [])
+    assert got == folder and "chapter 3's GRPO policy" in how and FakeTrainer.runs == 0
+
+
+def test_otherwise_the_recipe_is_trained_once_and_reused(fake_training):
+    profile = replace(get_profile("smoke"), quant_policy_steps=3)
+    folder, how = warmstart.trained_policy(profile, [])
+    assert folder.name == warmstart.POLICY_DIR and FakeTrainer.runs == 1
+    assert "3 GRPO steps" in how and (folder / "adapter_config.json").is_file()
+    assert warmstart.trained_policy(profile, [])[0] == folder and FakeTrainer.runs == 1   # reused
+    warmstart.trained_policy(replace(profile, quant_policy_steps=4), [])                # new key
+    assert FakeTrainer.runs == 2
