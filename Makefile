@@ -24,7 +24,7 @@ help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
 	@echo "make test   - unit tests + notebooks on the smoke profile + book build (what CI runs)"
 	@echo "make book-check - chapters 2 and 3 on the full profile from an empty cache (the warm start trained anew)"
-	@echo "make publish - after make book: prepare _build/html for GitHub Pages, print the push command"
+	@echo "make publish - after make book: the Colab edition (_build/colab) and _build/html for GitHub Pages"
 	@echo "make assignments - student versions of the seven chapters (no solutions, graded checks) in _build/assignments/"
 	@echo "make bench  - throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json;"
 	@echo "              what whole GRPO recipes teach on held-out problems -> data/recipes.json;"
@@ -120,6 +120,8 @@ book-check: model
 publish: install
 	@test -f _build/html/index.html || { echo "no built book in _build/html: run make book first"; exit 1; }
 	touch _build/html/.nojekyll        # GitHub Pages: serve _static/ and _images/ as they are
+	# the Colab edition (MyST -> CommonMark, the book run's values): _build/colab/ and the site's colab/
+	$(BIN)/python -m grpo_course.colab --build _build
 	echo "_build/html is ready. Publish it on the gh-pages branch with:"
 	echo "  $(BIN)/ghp-import -n -p -f _build/html"
 

