@@ -377,14 +377,14 @@ class Profile:
                                                       # (gradient accumulation; None: the whole step at
                                                       # once), like GRPOConfig.train_micro_batch
     # chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides
-    cl_steps_per_stage: int = 5                       # GRPO steps per curriculum stage (and per swept lambda)
+    cl_steps_per_stage: int = 4                       # GRPO steps per curriculum stage (and per swept lambda)
     cl_max_completion_length: int = 96                # completion budget while training
-    cl_eval_n: int = 48                               # held-out basic (stage-1) test problems
+    cl_eval_n: int = 40                               # held-out basic (stage-1) test problems
     cl_eval_max_new_tokens: int = 96                  # greedy budget of those evaluations
     cl_fisher_prompts: int = 8                        # stage-1 problems for the Fisher
-    cl_fisher_many_prompts: int = 24                  # ... for the many-sample Fisher it is checked against
+    cl_fisher_many_prompts: int = 16                  # ... for the many-sample Fisher it is checked against
     cl_nll_rows: int = 64                             # held-out stage-1 solutions scored
-    cl_reward_samples: int = 8                        # samples per problem of a stage's own-problem reward
+    cl_reward_samples: int = 6                        # samples per problem of a stage's own-problem reward
     cl_lam: float = 1e4                               # EWC strength of the main run
     cl_sweep_lams: tuple[float, ...] = (0.0, 1e4, 1e6)   # 0 and cl_lam: the two curriculum runs
     # chapters 4 and 5 train shorter runs than chapter 3, with smaller steps (see short_run)
