@@ -155,14 +155,13 @@ def test_real_model_dynamic_int8_agrees_on_a_gsm8k_prompt():
 
 
 # ---------------------------------------------------------------- chapter 6: variants paired against fp32
-_PAIRED_ROWS = [
-    {"idx": 0, "question": "Tom has 12 apples and buys 30 more. How many?",
-     "solution": "12+30=<<12+30=42>>42\n#### 42", "answer": "42"},
-    {"idx": 1, "question": "A box holds 6 pens. How many pens are in 4 boxes?",
-     "solution": "6*4=<<6*4=24>>24\n#### 24", "answer": "24"},
-    {"idx": 2, "question": "Ann reads 15 pages a day for 2 days. How many pages?",
-     "solution": "15*2=<<15*2=30>>30\n#### 30", "answer": "30"},
-]
+#: (question, a, op, b, a op b): three one-step problems; each row gets its GSM8K-style solution
+_PROBLEMS = [("Tom has 12 apples and buys 30 more. How many?", 12, "+", 30, 42),
+             ("A box holds 6 pens. How many pens are in 4 boxes?", 6, "*", 4, 24),
+             ("Ann reads 15 pages a day for 2 days. How many pages?", 15, "*", 2, 30)]
+_PAIRED_ROWS = [{"idx": i, "question": q, "answer": str(c),
+                 "solution": f"{x}{op}{y}=<<{x}{op}{y}={c}>>{c}\n#### {c}"}
+                for i, (q, x, op, y, c) in enumerate(_PROBLEMS)]
 
 
 def _answers(texts):
