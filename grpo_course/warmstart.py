@@ -113,7 +113,11 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
         return chapter3, "chapter 3's GRPO policy (its warm start and GRPO adapter, merged)"
     config = dataclasses.replace(profile.grpo, max_steps=profile.quant_policy_steps)
     sft_dir = warm_start(config, train_dataset)
-    key = f"{warm_start_key(config, train_dataset)}-{config.max_steps}"
+    from .config import config_to_dict
+
+    # the warm start's key (its recipe, data and code) and every field of the GRPO recipe
+    recipe = json.dumps(config_to_dict(config), sort_keys=True, default=str)
+    key = f"{warm_start_key(config, train_dataset)}-{hashlib.sha256(recipe.encode()).hexdigest()[:20]}"
     folder = runs_dir(profile.name) / POLICY_DIR
     steps = f"{config.max_steps} GRPO step{'s' if config.max_steps != 1 else ''}"
     how = (f"chapter 3's recipe, trained here for {steps} from the warm start (chapter 3's "

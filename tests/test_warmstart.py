@@ -61,3 +61,6 @@ def test_otherwise_the_recipe_is_trained_once_and_reused(fake_training):
     assert warmstart.trained_policy(profile, [])[0] == folder and FakeTrainer.runs == 1   # reused
     warmstart.trained_policy(replace(profile, quant_policy_steps=4), [])                # new key
     assert FakeTrainer.runs == 2
+    changed = replace(profile, grpo=replace(profile.grpo, learning_rate=1e-3))          # GRPO field
+    warmstart.trained_policy(changed, [])
+    assert FakeTrainer.runs == 3
