@@ -459,13 +459,14 @@ PROFILES: dict[str, Profile] = {
         # bench/levers.py and bench/recipes.py). GRPO gets what chapter 3's 15 minutes leave after
         # its held-out evaluation: FULL_GRPO_STEPS, more where the CPU has native bf16.
         # The training pass runs one group (8 completions) at a time: the same update, a quarter
-        # of the activations (32 completions at once held ~5 GiB in chapter 3); TRL likewise.
+        # of the activations; TRL passes 2 completions at a time (chapter 4, and 2 per process in
+        # its 2-process run), so that every chapter fits an 8 GB laptop (bench/memory.py).
         grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4,
                         max_steps=full_grpo_steps(),
                         num_generations=8, per_step_completions=32, learning_rate=3e-4,
                         train_micro_batch=8, **GRPO_LEVERS),
         n_inspect=7473, n_demo=3, reward_prompts=8, reward_max_new_tokens=160,
-        trl_micro_batch=8,
+        trl_micro_batch=2,
         # chapter 3's loop: the notebook's own step has no prompt cache and no bf16 training pass,
         # so it samples one prompt a step with shorter completions
         loop_changes={"max_completion_length": 96},
@@ -473,7 +474,7 @@ PROFILES: dict[str, Profile] = {
         # memory), and the all-position-logits pass takes one group too ([8, L, vocab] fp32 logits
         # and their gradient; the whole batch's raised the kernel by 7.6 GiB)
         prof_trace_step={"per_step_completions": 8, "generation_batch_size": None},
-        prof_logits_completions=8,
+        prof_logits_completions=4,
         extra={},
     ),
 }

@@ -406,6 +406,10 @@ class TRLRunArguments(RunArguments):
     warm_start: bool = field(default=False, metadata={
         "help": "Start from the shared SFT warm start (trained once and cached, as in chapters "
                 "3-5) instead of the base model."})
+    micro_batch: int | None = field(default=None, metadata={
+        "help": "Completions each process passes through the model at a time (TRL's gradient "
+                "accumulation): the same step in less memory. Must divide the process's share of "
+                "per_step_completions. Default: its whole share at once."})
     vllm_mode: str | None = field(default=None, metadata={
         "help": "colocate | server: generate with vLLM (TRL's use_vllm; a CUDA GPU and the vllm "
                 "package). Default: transformers' generate."})
@@ -545,7 +549,13 @@ def main(argv: list[str] | None = None) -> int:
         args, cfg, profile = parse_train_args(argv, TRLRunArguments, "python -m grpo_course.trl_bridge")
         out = run_folder(args.out)
         overrides: dict[str, Any] = {**device_overrides(), **vllm_overrides(args.vllm_mode)}
-        overrides["per_device_train_batch_size"] = per_device_batch(cfg, world)
+        share = per_device_batch(cfg, world)
+        micro = args.micro_batch or share
+        if micro < 1 or share % micro:
+            raise ConfigError(f"--micro_batch {args.micro_batch} must divide this process's "
+                              f"{share} completions per step")
+        overrides["per_device_train_batch_size"] = micro
+        overrides["gradient_accumulation_steps"] = share // micro
         overrides["disable_tqdm"] = False                # TRL's progress bar (the main process's)
         overrides["ddp_find_unused_parameters"] = False  # LoRA: every trainable weight gets a gradient
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
