@@ -10,6 +10,7 @@ import torch
 
 from grpo_course import atomic
 from grpo_course.atomic import atomic_write, write_json_atomic, write_text_atomic
+from tests.helpers import tiny_llama
 
 
 class Boom(Exception):
@@ -118,15 +119,6 @@ def test_killed_process_leaves_the_old_file(tmp_path):
 
 
 # ---------------------------------------------------------------- the course's writers
-def tiny_llama():
-    import transformers
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-                                   num_hidden_layers=1, num_attention_heads=2,
-                                   num_key_value_heads=1)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg)
-
-
 def torn_save_file(monkeypatch) -> None:
     """Fault injection: safetensors' ``save_file`` writes the file, tears it, then raises."""
     import safetensors.torch
@@ -171,7 +163,7 @@ def test_ewc_save_interrupted_keeps_the_old_file(tmp_path, monkeypatch):
 def test_save_model_interrupted_keeps_the_old_model_not_a_mix(tmp_path, monkeypatch, fault):
     """CourseTrainer.save_model used to move its files in one by one: a failure between two
     renames left new weights beside an old tokenizer. Now the old set stays whole."""
-    from tests.test_grpo import _trainer
+    from tests.helpers import tiny_trainer as _trainer
 
     trainer = _trainer()
     out = tmp_path / "run"
@@ -206,7 +198,7 @@ def test_save_model_interrupted_keeps_the_old_model_not_a_mix(tmp_path, monkeypa
 def test_model_cache_write_interrupted_keeps_the_old_cache(tmp_path, monkeypatch):
     import transformers
     from grpo_course import models
-    from tests.test_models import FakeTokenizer
+    from tests.helpers import FakeTokenizer
 
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "pkg" / models.GGUF_FILE

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import chromium as _chromium
+
 HTML = os.environ.get("BOOK_HTML")
 pytestmark = pytest.mark.skipif(not HTML, reason="BOOK_HTML is not set (run through make test)")
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,14 +85,6 @@ def test_role_check_catches_a_literal_role():
 
 
 # ------------------------------------------------------------------ in a real browser
-def _chromium() -> str | None:
-    import shutil
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
 @pytest.fixture(scope="module")
 def served_book():
     """Serve the built HTML on localhost for the browser (stopped after the tests)."""

@@ -12,7 +12,7 @@ import yaml
 from grpo_course import config as C
 from grpo_course.cli import build_parser, parse_train_args
 from grpo_course.config import GRPOConfig, load_recipe
-from tests.test_sampling import tiny_model, tiny_tokenizer
+from tests.helpers import tiny_model, tiny_tokenizer
 
 FIELDS = [f.name for f in dataclasses.fields(GRPOConfig)]
 

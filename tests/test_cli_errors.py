@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from grpo_course.errors import CourseError, RewardError
 from tests.conftest import ROWS, write_jsonl
-from tests.test_sampling import tiny_model, tiny_tokenizer
+from tests.helpers import tiny_model, tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,6 +10,7 @@ from grpo_course.curriculum import (EWC, CurriculumError, completion_log_likelih
                                     curriculum_stages, ewc_penalty, fisher_agreement, fisher_diagonal,
                                     order_by_pass_rate, reference_batches, shuffled_stages, take)
 from grpo_course.data import STRATA, load_gsm8k
+from tests import helpers
 
 
 # ---------------------------------------------------------------- stages
@@ -107,12 +108,7 @@ def test_fisher_of_softmax_classifier_closed_form():
 
 
 def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
-    return LlamaForCausalLM(cfg).float()
+    return helpers.tiny_llama(vocab_size=40)
 
 
 def test_fisher_of_tiny_llama_matches_per_sequence_forward():

@@ -125,7 +125,7 @@ def test_eval_cache_reuses_identical_runs_only(gsm8k_dir, tmp_path, monkeypatch)
 
     from grpo_course.data import load_gsm8k
     from grpo_course.evaluate import evaluate_model, weights_fingerprint
-    from tests.test_sampling import tiny_model, tiny_tokenizer
+    from tests.helpers import tiny_model, tiny_tokenizer
 
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
     model, tok = tiny_model(), tiny_tokenizer()
@@ -195,7 +195,7 @@ def test_answers_side_by_side_switches_adapters_and_restores_them():
     from grpo_course.config import GRPOConfig
     from grpo_course.evaluate import adapter_state, answers_side_by_side
     from grpo_course.train import add_lora
-    from tests.test_sampling import tiny_model, tiny_tokenizer
+    from tests.helpers import tiny_model, tiny_tokenizer
 
     torch.manual_seed(0)
     model = add_lora(tiny_model(), GRPOConfig(lora_target_modules=("q_proj", "v_proj")))
@@ -221,7 +221,7 @@ def test_eval_blocks_make_a_prefix_reuse_the_cache_of_a_longer_run(gsm8k_dir, tm
     after it, so an evaluation of a prefix reuses the cached blocks of a longer one."""
     from grpo_course import evaluate as ev
     from grpo_course.data import load_gsm8k
-    from tests.test_sampling import tiny_model, tiny_tokenizer
+    from tests.helpers import tiny_model, tiny_tokenizer
 
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(ev, "EVAL_BLOCK", 2)
@@ -251,7 +251,7 @@ def test_sampled_rewards_are_each_problems_mean_of_k_weighted_samples():
     from grpo_course.evaluate import sampled_rewards
     from grpo_course.sampling import sample_completions
     from grpo_course.data import chat_prompt
-    from tests.test_sampling import tiny_model, tiny_tokenizer
+    from tests.helpers import tiny_model, tiny_tokenizer
 
     model, tok, rows = tiny_model(), tiny_tokenizer(), _tiny_rows()
     seen = []
@@ -283,7 +283,7 @@ def test_sampled_rewards_are_each_problems_mean_of_k_weighted_samples():
 
 def test_sampled_rewards_with_the_course_rewards_and_pass_at_k():
     from grpo_course.evaluate import pass_at_k, sampled_rewards
-    from tests.test_sampling import tiny_model, tiny_tokenizer
+    from tests.helpers import tiny_model, tiny_tokenizer
 
     model, tok, rows = tiny_model(), tiny_tokenizer(), _tiny_rows()
     res = sampled_rewards(model, tok, rows, k=2, max_new_tokens=4,

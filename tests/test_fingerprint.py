@@ -53,7 +53,7 @@ def evaluate_tiny(gsm8k_dir, tmp_path, monkeypatch):
     """``run()``: a cached greedy evaluation of a tiny model on two rows, in a fresh cache."""
     from grpo_course import evaluate as ev
     from grpo_course.data import load_gsm8k
-    from tests.test_sampling import tiny_model, tiny_tokenizer
+    from tests.helpers import tiny_model, tiny_tokenizer
 
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
     model, tok = tiny_model(), tiny_tokenizer()

@@ -10,7 +10,9 @@ import torch
 from grpo_course.config import ConfigError, GRPOConfig
 from grpo_course.grpo import (group_advantages, grpo_loss, kl_k3, per_token_logps,
                               reinforce_loss, zero_std_groups)
-from tests.test_sampling import tiny_model, tiny_tokenizer
+from tests.helpers import ADDITION_ROWS as ROWS
+from tests.helpers import length_reward, tiny_model, tiny_tokenizer
+from tests.helpers import tiny_trainer as _trainer
 
 EPS = 1e-4
 
@@ -227,27 +229,6 @@ def test_sampling_logps_match_training_logps():
 
 
 # ---------------------------------------------------------------- trainer
-ROWS = [{"question": f"what is {a}+{b}?", "answer": str(a + b),
-         "solution": f"{a}+{b}={a + b}\n#### {a + b}"} for a, b in
-        [(1, 2), (3, 4), (5, 6), (7, 8), (2, 2), (9, 1)]]
-
-
-def length_reward(completions, answer=None, **kw):
-    """A toy reward with spread: shorter completions score higher."""
-    return [1.0 / (1 + len(c)) for c in completions]
-
-
-def _trainer(out_dir=None, **changes):
-    import datasets
-    from grpo_course.train import CourseTrainer
-    cfg = GRPOConfig(**{**dict(num_generations=2, per_step_completions=4,
-                               max_completion_length=6, max_steps=4, learning_rate=1e-2,
-                               lora_r=4, lora_alpha=8, reward_weights={"length": 1.0},
-                               lora_target_modules=("q_proj", "v_proj", "up_proj")), **changes})
-    return CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, datasets.Dataset.from_list(ROWS),
-                         reward_funcs={"length": length_reward}, out_dir=out_dir)
-
-
 class PhaseTimer:
     def __init__(self):
         self.seen = []

@@ -17,16 +17,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.test_book import _chromium
+from tests.helpers import chromium as _chromium
+from tests.helpers import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.browser
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

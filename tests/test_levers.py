@@ -13,8 +13,9 @@ from grpo_course.config import ConfigError, GRPOConfig
 from grpo_course.grpo import per_token_logps
 from grpo_course.sampling import concat_batches, sample_completions
 from grpo_course.train import CourseTrainer
-from tests.test_grpo import ROWS, length_reward
-from tests.test_sampling import tiny_model, tiny_tokenizer
+from tests.helpers import ADDITION_ROWS as ROWS
+from tests.helpers import length_reward
+from tests.helpers import tiny_model, tiny_tokenizer
 
 LORA = dict(lora_r=4, lora_alpha=8, lora_target_modules=("q_proj", "v_proj", "up_proj"))
 

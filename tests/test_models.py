@@ -1,29 +1,13 @@
 import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
 
 from grpo_course import models
+from tests.helpers import FakeTokenizer
 from grpo_course.models import ModelError, bundled_model_dir, load_model, set_threads
-
-
-def tiny_llama():
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
-                                   num_hidden_layers=1, num_attention_heads=2,
-                                   num_key_value_heads=1)
-    return transformers.LlamaForCausalLM(cfg)
-
-
-class FakeTokenizer:
-    def __init__(self, fail: bool):
-        self.fail = fail
-
-    def save_pretrained(self, folder):
-        if self.fail:
-            raise KeyboardInterrupt  # the user pressed Ctrl-C in the middle of the first load
-        Path(folder, "tokenizer.json").write_text("{}")
+from tests.helpers import tiny_llama
 
 
 @pytest.fixture

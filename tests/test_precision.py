@@ -10,8 +10,8 @@ from grpo_course.grpo import _frozen_output_weight, norms_cast_once, per_token_l
 from grpo_course.precision import (FrozenLowPrecisionLinear, frozen_linear_weights_as,
                                    hold_frozen_weights_in)
 from grpo_course.train import add_lora
-from tests.test_grpo import _trainer
-from tests.test_sampling import tiny_model, tiny_tokenizer
+from tests.helpers import tiny_trainer as _trainer
+from tests.helpers import tiny_model, tiny_tokenizer
 
 TARGETS = ("q_proj", "v_proj", "up_proj")
 

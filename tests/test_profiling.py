@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from grpo_course import profiling as prof
 from grpo_course.sampling import sample_completions
+from tests import helpers
 
 PROMPTS = ["What is 2 + 3?", "Tom has 4 apples and eats one. How many are left?"]
 
@@ -34,14 +35,10 @@ def tokenizer():
 
 
 def tiny_llama(tokenizer, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, eos_token_id=tokenizer.eos_token_id,
-                      pad_token_id=tokenizer.pad_token_id)
-    return LlamaForCausalLM(cfg)
+    return helpers.tiny_llama(seed, vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              max_position_embeddings=256, eos_token_id=tokenizer.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id)
 
 
 class NullTimer:

@@ -7,16 +7,14 @@ import pytest
 import torch
 
 from grpo_course import quantize as Q
+from tests import helpers
 
 
 def tiny_llama(seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      tie_word_embeddings=True)
-    return LlamaForCausalLM(cfg).eval()
+    """Wide enough for fbgemm's int8 kernels."""
+    return helpers.tiny_llama(seed, vocab_size=128, hidden_size=256, intermediate_size=512,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                              tie_word_embeddings=True).eval()
 
 
 @pytest.fixture(scope="module")

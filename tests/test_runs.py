@@ -9,7 +9,8 @@ import pytest
 
 from grpo_course import runs
 from grpo_course.config import ConfigError, GRPOConfig, load_run_config
-from tests.test_grpo import ROWS, _trainer
+from tests.helpers import ADDITION_ROWS as ROWS
+from tests.helpers import tiny_trainer as _trainer
 
 
 def test_write_run_writes_the_common_layout_and_list_runs_tables_it(tmp_path):
@@ -92,7 +93,7 @@ def test_a_curriculum_run_is_saved_in_the_same_layout_with_its_stages(tmp_path, 
     import datasets
 
     from grpo_course.curriculum import Stage, train_stages
-    from tests.test_grpo import length_reward
+    from tests.helpers import length_reward
 
     trainer = _trainer()
     stages = [Stage("basic", ("basic",), datasets.Dataset.from_list(ROWS[:3])),

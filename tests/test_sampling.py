@@ -6,43 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo_course.sampling import FastLlama, sample_completions, supports_fast_path
-
-CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 #+-*/=.?,\n")
-CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}"
-                 "{% if add_generation_prompt %}<s>{% endif %}")
-
-
-def tiny_tokenizer():
-    """A character-level tokenizer with <pad>=0, <s>=1, </s>=2 (EOS) and a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    vocab.update({c: i + 4 for i, c in enumerate(CHARS)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", unk_token="<unk>")
-    fast.add_special_tokens({"additional_special_tokens": ["<s>", "</s>"]})
-    fast.chat_template = CHAT_TEMPLATE
-    fast.padding_side = "left"
-    return fast
-
-
-def tiny_model(seed: int = 0, vocab: int = 64):
-    """A randomly initialised 2-layer Llama with grouped-query attention."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
-                      eos_token_id=2, tie_word_embeddings=True)
-    model = LlamaForCausalLM(cfg).eval()
-    model.generation_config.eos_token_id = 2
-    return model
-
+from tests.helpers import tiny_model, tiny_tokenizer
 
 @pytest.fixture(scope="module")
 def tiny():

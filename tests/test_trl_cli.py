@@ -12,7 +12,7 @@ import pytest
 
 from grpo_course import trl_bridge
 from grpo_course.config import ConfigError, GRPOConfig
-from tests.test_jupyterlab import _free_port
+from tests.helpers import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
