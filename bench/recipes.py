@@ -115,7 +115,7 @@ def parse_slices(text: str) -> list[tuple[int, int]]:
             raise ValueError(f"--slices part {part.strip()!r} is not START:END with END > START")
         out.append((int(lo), int(hi)))
     out.sort()
-    for (_, end), (start, _) in zip(out, out[1:]):
+    for (_, end), (start, _) in zip(out, out[1:], strict=False):
         if start < end:
             raise ValueError(f"--slices {text!r} overlap: every slice must be disjoint")
     return out
@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(a, names: list[str]) -> int:
     import torch
 
-    from grpo_course.attribution import chance_baseline
     from grpo_course.atomic import write_json_atomic
+    from grpo_course.attribution import chance_baseline
     from grpo_course.config import get_profile
     from grpo_course.data import load_gsm8k
     from grpo_course.evaluate import evaluate_model

@@ -27,8 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -41,7 +41,6 @@ sys.path.insert(0, str(ROOT))
 from grpo_course.atomic import write_json_atomic  # noqa: E402
 from grpo_course.errors import OneLineArgumentParser  # noqa: E402
 from grpo_course.hardware import available_cores, bench_facts, peak_rss_mib  # noqa: E402
-
 
 #: ``--train-micro-batch``: the completions each forward/backward pass of the course trainer takes
 #: (``GRPOConfig.train_micro_batch``: G, or None for all); the update is the same either way
@@ -122,7 +121,6 @@ def worker_trl(G: int, completions: int, length: int, steps: int, mode: str = "f
     from transformers import TrainerCallback
 
     from grpo_course.models import load_model
-
     from grpo_course.trl_bridge import train_with_trl
 
     class Timer(TrainerCallback):

@@ -34,7 +34,7 @@ def evaluate_expression(expression: str) -> Fraction | None:
         return None
     try:
         terms, ops = [_number(tokens[0])], []
-        for op, tok in zip(tokens[1::2], tokens[2::2]):
+        for op, tok in zip(tokens[1::2], tokens[2::2], strict=False):
             value = _number(tok)
             if op in "*x×":
                 terms[-1] *= value
@@ -46,7 +46,7 @@ def evaluate_expression(expression: str) -> Fraction | None:
     except (ValueError, ZeroDivisionError, ArithmeticError):
         return None
     total = terms[0]
-    for op, value in zip(ops, terms[1:]):
+    for op, value in zip(ops, terms[1:], strict=False):
         total = total + value if op == "+" else total - value
     return total
 

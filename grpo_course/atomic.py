@@ -21,8 +21,9 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 #: names of this module's own temporaries and backups (never carried over by ``keep``)
 _LEFTOVER = re.compile(r"^\..+\.(tmp|old)$")

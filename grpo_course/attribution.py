@@ -20,16 +20,16 @@ evaluations of the same problems can be compared pairwise:
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import Any
 
 from .answers import normalize_number
 from .arithmetic import arithmetic_check
 from .data import solution_results
-from .evaluate import EvalResult, mcnemar_test
+from .evaluate import EvalResult
 from .rewards import step_f1
+from .stats import mcnemar_test, paired_difference  # noqa: F401 (chapters import it here too)
 
 _QUESTION_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 
@@ -83,24 +83,9 @@ def earned(record: dict[str, Any]) -> bool:
 def solved_overlap(a: EvalResult, b: EvalResult) -> dict[str, float]:
     """Problems both models solve, and how many two unrelated guessers with the same accuracies
     would share by chance (``n * acc_a * acc_b``)."""
-    both = sum(1 for x, y in zip(a.records, b.records) if x["correct"] and y["correct"])
+    both = sum(1 for x, y in zip(a.records, b.records, strict=False) if x["correct"] and y["correct"])
     return {"both": both, "a": a.correct, "b": b.correct,
             "expected_if_unrelated": a.n * a.accuracy * b.accuracy}
-
-
-def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
-    """Mean of ``b - a`` over paired problems, its 95 % interval and two-sided p-value (normal
-    approximation of the paired t-test; fine for the hundreds of problems evaluated here)."""
-    if len(a) != len(b) or len(a) < 2:
-        raise ValueError("a paired difference needs the same problems, at least 2")
-    diffs = [float(y) - float(x) for x, y in zip(a, b)]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    se = sd / math.sqrt(n)
-    p = math.erfc(abs(mean) / se / math.sqrt(2)) if se > 0 else (1.0 if mean == 0 else 0.0)
-    return {"n": n, "mean_a": sum(map(float, a)) / n, "mean_b": sum(map(float, b)) / n,
-            "difference": mean, "lo": mean - 1.96 * se, "hi": mean + 1.96 * se, "p_value": p}
 
 
 def phase_changes(a: EvalResult, b: EvalResult, dataset) -> dict[str, Any]:

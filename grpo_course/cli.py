@@ -14,15 +14,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import UnionType
-from typing import Any, Sequence, Union, get_args, get_origin
+from typing import Any, Union, get_args, get_origin
 
 from transformers import HfArgumentParser
 
-from .config import (RUN_KEYS, ConfigError, GRPOConfig, coerce_field, get_profile, load_recipe,
-                     load_run_config)
+from .config import RUN_KEYS, ConfigError, GRPOConfig, coerce_field, get_profile, load_recipe, load_run_config
 
 CHECKPOINT = "checkpoint"
 

@@ -23,9 +23,10 @@ import json
 import re
 import shutil
 import sys
+from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urljoin
 
 from .atomic import write_text_atomic

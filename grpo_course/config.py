@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -196,7 +197,8 @@ def check_group_config(num_generations: int, batch_completions: int) -> None:
 
 
 # ---------------------------------------------------------------- recipes and run configs
-RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"   # the repository's recipes/*.yaml
+#: the recipes (package data; ``recipes/`` at the top of the checkout points here)
+RECIPES_DIR = Path(str(resources.files("grpo_course") / "recipes"))
 RUN_CONFIG_FILE = "config.yaml"     # a run folder's resolved GRPOConfig (+ profile)
 RUN_KEYS = ("trainer", "profile")   # the keys of a run's config.yaml that are not GRPOConfig fields
 _TRUE, _FALSE = ("true", "yes", "y", "1"), ("false", "no", "n", "0")
@@ -397,7 +399,7 @@ class Profile:
     # chapters 4-7 read their own entries from ``extra``
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def with_grpo(self, **changes: Any) -> "Profile":
+    def with_grpo(self, **changes: Any) -> Profile:
         return replace(self, grpo=replace(self.grpo, **changes))
 
     def short_run(self, **changes: Any) -> GRPOConfig:

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from .atomic import atomic_write
-from .errors import CourseError
 from .data import STRATA, chat_prompt, extract_hash_answer, sft_text
+from .errors import CourseError
 from .grpo import uses_activation_checkpointing
 
 EWC_FILE = "ewc.safetensors"
@@ -73,7 +74,7 @@ def take(stages: Sequence[Stage], n: int | Sequence[int], seed: int | None = Non
     if len(sizes) != len(stages) or any(s < 0 for s in sizes):
         raise CurriculumError(f"need one size >= 0 per stage, got {sizes} for {len(stages)} stages")
     out = []
-    for stage, size in zip(stages, sizes):
+    for stage, size in zip(stages, sizes, strict=False):
         if size > len(stage):
             raise CurriculumError(f"{stage.name} has {len(stage)} rows, fewer than {size}")
         idx = list(range(len(stage)))
@@ -129,7 +130,7 @@ def measure_pass_rates(model, tokenizer, dataset, per_stratum: int = 16,
                                    max_new_tokens=max_new_tokens, temperature=temperature,
                                    seed=seed)
         golds = [r["answer"] for r in rows for _ in range(num_generations)]
-        hits = [answers_match(extract_hash_answer(t), g) for t, g in zip(batch.completions, golds)]
+        hits = [answers_match(extract_hash_answer(t), g) for t, g in zip(batch.completions, golds, strict=False)]
         rates[stage.strata[0]] = sum(hits) / len(hits)
     return rates
 
@@ -202,7 +203,7 @@ def fisher_diagonal(model, batches: Iterable[Mapping[str, torch.Tensor]],
                     raise CurriculumError(f"log_likelihood must return [N], got {tuple(ll.shape)} "
                                           "for one sequence")
                 grads = torch.autograd.grad(ll[0], tensors, allow_unused=True)
-                for name, g in zip(names, grads):
+                for name, g in zip(names, grads, strict=False):
                     if g is not None:
                         fisher[name] += g.detach().float() ** 2
                 count += 1
@@ -343,7 +344,7 @@ class EWC:
 
     @classmethod
     def from_model(cls, model, batches, lam: float, params=None, log_likelihood=None,
-                   progress: bool = True) -> "EWC":
+                   progress: bool = True) -> EWC:
         """Fisher of ``model`` on ``batches``; the anchor is the model's current weights."""
         fisher = fisher_diagonal(model, batches, params=params, log_likelihood=log_likelihood,
                                  progress=progress)
@@ -356,7 +357,7 @@ class EWC:
     __call__ = penalty
 
     def consolidate(self, model, batches, gamma: float = 1.0, log_likelihood=None,
-                    progress: bool = True) -> "EWC":
+                    progress: bool = True) -> EWC:
         """Add the Fisher of ``model`` on ``batches`` and move the anchor to ``model``."""
         new = fisher_diagonal(model, batches, params=list(self.fisher),
                               log_likelihood=log_likelihood, progress=progress)
@@ -379,7 +380,7 @@ class EWC:
         return atomic_write(target, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
     @classmethod
-    def load(cls, path: str | Path) -> "EWC":
+    def load(cls, path: str | Path) -> EWC:
         """Read what :meth:`save` wrote (a folder holding ``ewc.safetensors`` or the file)."""
         from safetensors import safe_open
 
@@ -457,7 +458,7 @@ def forgetting(before, after, stratum: str) -> dict[str, Any]:
     """Accuracy on ``stratum`` before and after later training (two
     :class:`~grpo_course.evaluate.EvalResult` on the same problems): the drop, the problems
     lost and gained, and McNemar's exact p-value."""
-    from .evaluate import mcnemar_test
+    from .stats import mcnemar_test
 
     a = {r["idx"]: r["correct"] for r in before.records if r["difficulty"] == stratum}
     b = {r["idx"]: r["correct"] for r in after.records if r["difficulty"] == stratum}

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from .errors import CourseError
 from .answers import extract_hash_answer, normalize_number  # also importable from here (chapter 1)
+from .errors import CourseError
 
 DATA_ENV = "GSM8K_DIR"
 SPLITS = ("train", "test")

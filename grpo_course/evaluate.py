@@ -9,17 +9,15 @@ it was trained with (under ``run_configs`` with ``--json``).
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import json
-import math
-import sys
 import textwrap
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import yaml
@@ -27,23 +25,11 @@ import yaml
 from .answers import answers_match  # the course's one correctness rule (also the rewards')
 from .atomic import atomic_write, write_json_atomic
 from .config import RUN_CONFIG_FILE, SAMPLING_DTYPES, ConfigError, load_run_config
-from .errors import CourseError, OneLineArgumentParser, report
+from .data import STRATA, SYSTEM_PROMPT, chat_prompt, extract_hash_answer, load_gsm8k
+from .errors import OneLineArgumentParser, report
 from .fingerprint import code_fingerprint
-from .data import SYSTEM_PROMPT, STRATA, chat_prompt, extract_hash_answer, load_gsm8k
 from .rewards import computed_results
-
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson score interval of a binomial proportion (``(0, 1)`` when n = 0)."""
-    if n <= 0:
-        return (0.0, 1.0)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    # the interval always holds p; at p = 0 or 1 rounding can leave a bound a hair past it
-    return (max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half)))
+from .stats import linear_trend, mcnemar_test, wilson_interval  # noqa: F401 (chapters import them here too)
 
 
 def work_consistent(completion: str) -> bool | None:
@@ -60,38 +46,6 @@ def work_consistent(completion: str) -> bool | None:
     return answers_match(results[-1], answer)
 
 
-def mcnemar_test(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict[str, Any]:
-    """Exact two-sided McNemar test for paired right/wrong outcomes on the same problems.
-
-    Only discordant problems count: ``b_only`` (B right, A wrong) and ``a_only``. Under
-    "no difference" each discordant problem is a fair coin, so the p-value is a binomial tail.
-    """
-    if len(a_correct) != len(b_correct):
-        raise ValueError("paired outcomes need the same problems for both models")
-    a_only = sum(1 for a, b in zip(a_correct, b_correct) if a and not b)
-    b_only = sum(1 for a, b in zip(a_correct, b_correct) if b and not a)
-    m, k = a_only + b_only, min(a_only, b_only)
-    tail = sum(math.comb(m, i) for i in range(k + 1)) / 2 ** m if m else 1.0
-    return {"n": len(a_correct), "a_only": a_only, "b_only": b_only,
-            "p_value": min(1.0, 2 * tail)}
-
-
-def linear_trend(values: Sequence[float]) -> dict[str, float]:
-    """Least-squares slope of ``values`` against their index, with a 95 % interval
-    (normal approximation, slope +- 1.96 standard errors); NaNs are left out."""
-    points = [(i, float(v)) for i, v in enumerate(values) if not math.isnan(float(v))]
-    n = len(points)
-    if n < 3:
-        return {"slope": float("nan"), "lo": float("nan"), "hi": float("nan"), "n": n}
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
-    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in points)
-    se = math.sqrt(resid / (n - 2) / sxx)
-    return {"slope": slope, "lo": slope - 1.96 * se, "hi": slope + 1.96 * se, "n": n}
-
-
 @dataclass
 class EvalResult:
     """Summary and per-problem records of one evaluation."""
@@ -106,7 +60,7 @@ class EvalResult:
 
     @classmethod
     def from_records(cls, records: list[dict[str, Any]], seconds: float = 0.0, model: str = "",
-                     cached: bool = False) -> "EvalResult":
+                     cached: bool = False) -> EvalResult:
         """Counts from per-problem records (each with ``correct`` and ``formatted``)."""
         return cls(n=len(records), correct=sum(r["correct"] for r in records),
                    formatted=sum(r["formatted"] for r in records), records=records,
@@ -333,7 +287,7 @@ def attribution_table(results: dict[str, EvalResult]) -> list[dict[str, Any]]:
     for name, r in results.items():
         s = r.summary()
         row = {"model": name, "n": r.n, "accuracy %": 100 * r.accuracy,
-               "accuracy 95% CI": "%.1f-%.1f" % tuple(100 * x for x in r.accuracy_ci95),
+               "accuracy 95% CI": "{:.1f}-{:.1f}".format(*(100 * x for x in r.accuracy_ci95)),
                "format %": 100 * r.format_rate,
                "consistency %": None if s["answer_work_consistency"] is None
                else 100 * s["answer_work_consistency"],

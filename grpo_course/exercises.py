@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -32,7 +33,7 @@ def _same(got: Any, expected: Any, atol: float = 1e-5, rtol: float = 1e-4) -> bo
             return False
     if isinstance(expected, (list, tuple)):
         return isinstance(got, (list, tuple)) and len(got) == len(expected) and \
-            all(_same(g, e, atol, rtol) for g, e in zip(got, expected))
+            all(_same(g, e, atol, rtol) for g, e in zip(got, expected, strict=False))
     if isinstance(expected, dict):
         return isinstance(got, dict) and set(got) == set(expected) and \
             all(_same(got[k], e, atol, rtol) for k, e in expected.items())
@@ -89,7 +90,7 @@ def check(candidate: Callable, reference: Callable, cases: Sequence[Case],
     name = name or getattr(candidate, "__name__", "your function")
     expected_all = [reference(*args, **kwargs) for args, kwargs in cases]
     with reference_hidden(reference, *hide):
-        for k, ((args, kwargs), expected) in enumerate(zip(cases, expected_all), 1):
+        for k, ((args, kwargs), expected) in enumerate(zip(cases, expected_all, strict=False), 1):
             try:
                 got = candidate(*args, **kwargs)
             except NotImplementedError:
@@ -294,7 +295,7 @@ def exact_answer_reward(completions, answer=None, **kwargs) -> list[float]:
     from .rewards import completion_text
 
     return [1.0 if answers_match(extract_hash_answer(completion_text(c)), str(gold)) else 0.0
-            for c, gold in zip(completions, answer or [])]
+            for c, gold in zip(completions, answer or [], strict=False)]
 
 
 def conversational_cases(n: int = 16, seed: int = 0) -> list[Case]:

@@ -10,7 +10,7 @@ entry instead of reusing an old one.
 from __future__ import annotations
 
 import hashlib
-from functools import lru_cache
+from functools import cache
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -29,7 +29,7 @@ def library_versions() -> dict[str, str | None]:
     return found
 
 
-@lru_cache(maxsize=None)
+@cache
 def source_hash(*modules: str) -> str:
     """A hash of the source files of ``modules`` (dotted names, e.g. ``"grpo_course.train"``)."""
     digest = hashlib.sha256()

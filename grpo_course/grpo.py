@@ -91,7 +91,7 @@ def _token_logps(head: torch.nn.Module, hidden: torch.Tensor, tokens: torch.Tens
     chunk = chunk or LOGITS_CHUNK
     grad = torch.is_grad_enabled() and hidden.requires_grad
     parts = [torch.utils.checkpoint.checkpoint(piece, h, t, use_reentrant=False) if grad
-             else piece(h, t) for h, t in zip(hidden.split(chunk), tokens.split(chunk))]
+             else piece(h, t) for h, t in zip(hidden.split(chunk), tokens.split(chunk), strict=False)]
     picked = torch.cat([p for p, _ in parts])
     return picked, torch.cat([e for _, e in parts]) if with_entropy else None
 
@@ -136,7 +136,7 @@ def _frozen_head_token_logps(weight: torch.Tensor, hidden: torch.Tensor, tokens:
     # (1016 positions, bf16, forward + backward: median 255 ms, against 290 ms normalising p,
     # log p and onehot - p over the whole block)
     with torch.no_grad(), torch.autocast("cpu", enabled=False):
-        for h, tok in zip(hidden.detach().split(chunk), tokens.split(chunk)):
+        for h, tok in zip(hidden.detach().split(chunk), tokens.split(chunk), strict=False):
             z = torch.nn.functional.linear(h.to(weight.dtype), weight).float()
             if temperature != 1.0:
                 z /= temperature

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
+from . import trl_bridge
 from .config import GRPOConfig
 from .grpo import group_advantages, grpo_loss
-from . import trl_bridge
 
 G, PROMPTS, T, MAX_LEN = 4, 2, 6, 8     # 8 completions of <= 6 tokens, max_completion_length 8
 #: (loss_type, beta, epsilon_high) of every checked case: all four losses, with and without KL,

@@ -1,7 +1,7 @@
 """How much memory a chapter needs, and how much this machine gives.
 
 ``bench/memory.py`` executes each chapter in a fresh kernel and records its peak resident memory
-(kernel and child processes, sampled) per profile in ``data/memory.json``. A notebook calls
+(kernel and child processes, sampled) per profile in ``grpo_course/measurements/memory.json``. A notebook calls
 :func:`check_memory` before its heavy cells: where the measured peak of its chapter on the
 current profile exceeds what the machine (or its container, e.g. Binder's ~2 GB) allows, it says
 so before it starts instead of being killed half-way. :func:`memory_limit_bytes` is also what
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 #: The measurements of ``bench/memory.py``: ``{"results": {chapter: {profile: {...}}}}``.
-MEMORY_FILE = Path(__file__).resolve().parents[1] / "data" / "memory.json"
+#: the measured peaks (package data, written by ``bench/memory.py``)
+MEMORY_FILE = Path(str(resources.files("grpo_course") / "measurements" / "memory.json"))
 #: Below this much memory the ``binder`` profile is chosen when none is named.
 SMALL_MACHINE_BYTES = 4 * 2**30
 #: Binder's per-session memory (mybinder.org gives "up to 2 GB") and the most a chapter may take

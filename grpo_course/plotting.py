@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
+
 
 class Shown(str):
     """A glued value as the prose shows it: text whose ``repr`` is the text itself, so an inline
@@ -147,7 +149,7 @@ def plot_metrics(source, keys: Sequence[str] = DEFAULT_KEYS, window: int = 5, ru
     keys = [k for k in keys if any(series(rows, k)[1] for rows in data.values())]
     nrows = max(1, math.ceil(len(keys) / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 2.8 * nrows), squeeze=False)
-    for ax, key in zip(axes.flat, keys):
+    for ax, key in zip(axes.flat, keys, strict=False):
         for label, rows in data.items():
             xs, ys = series(rows, key)
             plot_band(ax, xs, ys, window, label=label)
@@ -224,7 +226,7 @@ class LiveCurves:
         self.points: dict[str, dict[str, tuple[list, list]]] = {}
         self.fig, axes = plt.subplots(1, len(self.panels), squeeze=False,
                                       figsize=figsize or (4.2 * len(self.panels), 3.0))
-        self.axes = dict(zip(self.panels, axes[0]))
+        self.axes = dict(zip(self.panels, axes[0], strict=False))
         plt.close(self.fig)                             # shown through the display handle only
         self.handle = display(self.fig, display_id=True)
 

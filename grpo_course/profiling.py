@@ -21,9 +21,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pandas as pd
 import psutil
@@ -156,7 +157,7 @@ class RSSSampler:
         while not self._stop.wait(self.interval):
             self._sample()
 
-    def start(self) -> "RSSSampler":
+    def start(self) -> RSSSampler:
         if self._thread is not None:
             raise RuntimeError("RSSSampler is already running")
         self._stop.clear()
@@ -175,7 +176,7 @@ class RSSSampler:
         self._thread = None
         self._sample()
 
-    def __enter__(self) -> "RSSSampler":
+    def __enter__(self) -> RSSSampler:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

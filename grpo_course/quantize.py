@@ -18,8 +18,6 @@ CLI (one variant per process, for a clean peak RSS)::
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import copy
 import json
 import logging
@@ -27,15 +25,20 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from .atomic import atomic_write
 from .errors import CourseError, OneLineArgumentParser, report
+from .hardware import cpu_features as cpu_int8_features  # noqa: F401 (chapter 6)
+from .hardware import (
+    describe_cpu,  # noqa: F401 (chapter 6 calls Q.describe_cpu)
+    rss_bytes,
+)
 from .models import quiet_torchao  # noqa: F401 (chapter 6 calls Q.quiet_torchao)
-from .hardware import cpu_features as cpu_int8_features, describe_cpu, rss_bytes  # noqa: F401 (chapter 6)
 
 VARIANTS = ("fp32", "dynamic", "torchao")
 WEIGHTS_FILE = "model.safetensors"
@@ -386,8 +389,8 @@ def paired_rows(results: dict[str, Any], dataset, weights: dict[str, float],
     """Each variant of ``results`` (``EvalResult`` by name, the same problems) against
     ``reference``, problem by problem: format and accuracy with McNemar's p, and the recipe's
     reward (``weights``) of each greedy answer with the 95 % interval of the paired difference."""
-    from .attribution import held_out_rewards, paired_difference
-    from .evaluate import mcnemar_test
+    from .attribution import held_out_rewards
+    from .stats import mcnemar_test, paired_difference
 
     ref = results[reference]
     ref_reward = held_out_rewards(ref, dataset, weights)
@@ -461,7 +464,7 @@ class PeakRSS:
             self.peak = max(self.peak, rss_bytes())
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         self._thread.start()
         return self
 

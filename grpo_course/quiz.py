@@ -1,6 +1,6 @@
 """Each chapter's graded quiz: multiple-choice and numeric questions with immediate feedback.
 
-The questions live in ``book/quizzes/<chapter>.json`` (``jupyterquiz``'s format). :func:`show_quiz`
+The questions live in ``grpo_course/quizzes/<chapter>.json`` (package data) (``jupyterquiz``'s format). :func:`show_quiz`
 validates a chapter's file and displays it with ``jupyterquiz``, which puts the questions and its
 scripts into the cell's output itself: the quiz works in JupyterLab, in Colab and in the static
 book with no request leaving the page.
@@ -8,10 +8,11 @@ book with no request leaving the page.
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-QUIZ_DIR = Path(__file__).resolve().parents[1] / "book" / "quizzes"
+QUIZ_DIR = Path(str(resources.files("grpo_course") / "quizzes"))   # package data
 TYPES = ("multiple_choice", "numeric")
 
 
@@ -20,7 +21,7 @@ class QuizError(ValueError):
 
 
 def quiz_file(chapter: str) -> Path:
-    """``book/quizzes/<chapter>.json`` (``chapter``: a notebook's stem, ``03_grpo_from_scratch``)."""
+    """``grpo_course/quizzes/<chapter>.json`` (``chapter``: a notebook's stem, ``03_grpo_from_scratch``)."""
     path = QUIZ_DIR / f"{chapter}.json"
     if not path.is_file():
         raise QuizError(f"no quiz for chapter {chapter!r}: {path} is missing")

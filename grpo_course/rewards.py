@@ -17,13 +17,21 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterable, Sequence
 from decimal import Decimal, InvalidOperation
-from functools import lru_cache
-from typing import Any, Callable, Iterable, Sequence
+from functools import cache
+from typing import Any
 
-from grpo_course.answers import (HASH_FORMAT, TAG_FORMAT, AnswerFormat,  # noqa: F401
-                                 answer_slot, answers_match, extract_answer, normalize_number,
-                                 parse_answer)
+from grpo_course.answers import (  # noqa: F401
+    HASH_FORMAT,
+    TAG_FORMAT,
+    AnswerFormat,
+    answer_slot,
+    answers_match,
+    extract_answer,
+    normalize_number,
+    parse_answer,
+)
 from grpo_course.arithmetic import EQUATION, equation_is_right
 from grpo_course.data import solution_results
 
@@ -54,7 +62,7 @@ _STEP = re.compile(r"(?im)^\s*(?:step\s*\d+|\d+[.)]|first|then|next|so|finally)\
 
 
 # ---------------------------------------------------------------- parsing
-@lru_cache(maxsize=None)
+@cache
 def format_regex(fmt: AnswerFormat = HASH_FORMAT) -> re.Pattern[str]:
     """The one regex of a perfectly formatted completion (groups ``reasoning``, ``answer``).
 
@@ -176,8 +184,8 @@ def correctness(completions, answer=None, fmt: AnswerFormat = HASH_FORMAT,
     """Tiers: 3.0 exact, 1.5 ratio in [0.9, 1.1], 0.5 in [0.8, 1.2], -0.5 wrong,
     -1.0 when the answer slot holds no number (see :func:`answer_tier`)."""
     golds = _answers(completions, answer, "correctness")
-    return [_safe(lambda t: answer_tier(extract_answer(t, fmt), gold), [c], MISSING_REWARD)[0]
-            for c, gold in zip(completions, golds)]
+    return [_safe(lambda t, gold=gold: answer_tier(extract_answer(t, fmt), gold), [c], MISSING_REWARD)[0]
+            for c, gold in zip(completions, golds, strict=False)]
 
 
 def number_extraction(completions, fmt: AnswerFormat = HASH_FORMAT, **kwargs) -> list[float]:
@@ -208,8 +216,8 @@ def intermediate_results(completions, solution=None, fmt: AnswerFormat = HASH_FO
     gold solution's step results (:func:`grpo_course.data.solution_results`). A completion
     that gets the first steps right earns part of it even when its final answer is wrong."""
     golds = _answers(completions, solution, "intermediate_results", "solution")
-    return [_safe(lambda t: STEP_REWARD * step_f1(t, solution_results(str(gold)), fmt),
-                  [c], 0.0)[0] for c, gold in zip(completions, golds)]
+    return [_safe(lambda t, gold=gold: STEP_REWARD * step_f1(t, solution_results(str(gold)), fmt),
+                  [c], 0.0)[0] for c, gold in zip(completions, golds, strict=False)]
 
 
 def grounded_score(text: str, gold_steps: Sequence[str], fmt: AnswerFormat = HASH_FORMAT) -> float:
@@ -233,8 +241,8 @@ def grounded_steps(completions, solution=None, fmt: AnswerFormat = HASH_FORMAT,
     the work's own arithmetic produces it, and caps what one answer can earn by its number of
     equations (step rewards get farmed by repeating steps that score: Gao et al. 2024)."""
     golds = _answers(completions, solution, "grounded_steps", "solution")
-    return [_safe(lambda t: STEP_REWARD * grounded_score(t, solution_results(str(gold)), fmt),
-                  [c], 0.0)[0] for c, gold in zip(completions, golds)]
+    return [_safe(lambda t, gold=gold: STEP_REWARD * grounded_score(t, solution_results(str(gold)), fmt),
+                  [c], 0.0)[0] for c, gold in zip(completions, golds, strict=False)]
 
 
 def heuristic_checks(text: str) -> dict[str, bool]:

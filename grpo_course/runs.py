@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from .config import ConfigError, GRPOConfig, RUN_CONFIG_FILE, config_to_dict, save_run_config
+from .config import RUN_CONFIG_FILE, ConfigError, GRPOConfig, config_to_dict, save_run_config
 
 METRICS_FILE = "metrics.jsonl"
 TRACKIO_PROJECT = "grpo-course"

@@ -54,11 +54,11 @@ class SampleBatch:
     def completion_lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(1)
 
-    def select_groups(self, groups: torch.Tensor) -> "SampleBatch":
+    def select_groups(self, groups: torch.Tensor) -> SampleBatch:
         """The batch of the prompts where ``groups`` ([P] bool) is True, all G completions each."""
         G = self.num_generations
         rows = groups.repeat_interleave(G)
-        picked = [t for t, keep in zip(self.completions, rows.tolist()) if keep]
+        picked = [t for t, keep in zip(self.completions, rows.tolist(), strict=False) if keep]
         T = max(int(self.completion_mask[rows].sum(1).max()), 1) if rows.any() else 1
         return SampleBatch(self.prompt_ids[groups], self.prompt_mask[groups],
                            self.completion_ids[rows, :T], self.completion_mask[rows, :T],
@@ -72,7 +72,7 @@ def _pad(t: torch.Tensor, width: int, left: bool) -> torch.Tensor:
     return torch.cat([fill, t] if left else [t, fill], 1)
 
 
-def concat_batches(batches: list["SampleBatch"]) -> "SampleBatch":
+def concat_batches(batches: list[SampleBatch]) -> SampleBatch:
     """One batch of the groups of ``batches`` (same G), prompts left-padded and completions
     right-padded to the widest (padding is masked out, so it changes no log-prob)."""
     if len({b.num_generations for b in batches}) != 1:
@@ -168,7 +168,7 @@ def _stacked_weight(modules: list[torch.nn.Module], dtype: torch.dtype) -> torch
         return weights[0].detach()
     out = torch.empty(sum(w.shape[0] for w in weights), weights[0].shape[1], dtype=dtype)
     pieces = out.split([w.shape[0] for w in weights])
-    for module, weight, factors, piece in zip(modules, weights, adapters, pieces):
+    for module, weight, factors, piece in zip(modules, weights, adapters, pieces, strict=False):
         if factors is None:
             piece.copy_(_weight(module).detach())
             continue

@@ -10,7 +10,8 @@ check a student sees is the check the tests run.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

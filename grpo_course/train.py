@@ -30,25 +30,29 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from .config import ConfigError, GRPOConfig, save_run_config
 from .data import chat_prompts, sft_text
 from .errors import CourseError, RewardError, report
+from .grpo import (
+    course_attention,
+    group_advantages,
+    grpo_loss,
+    norms_cast_once,
+    per_token_logps,
+    zero_std_groups,
+)
 from .memory import low_memory, trim_heap
 from .precision import frozen_linear_weights_as, hold_frozen_weights_in
-from .grpo import (course_attention, group_advantages, grpo_loss, norms_cast_once,
-                   per_token_logps, zero_std_groups)
 from .rewards import weighted_sum
 from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
 
@@ -270,7 +274,7 @@ class CourseTrainer:
     def sft_step(self, rows: dict[str, list], optimizer) -> dict[str, Any]:
         """One supervised step on GSM8K solutions (loss on the solution tokens only)."""
         start = time.perf_counter()
-        pairs = [sft_text(q, s, self.tokenizer) for q, s in zip(rows["question"], rows["solution"])]
+        pairs = [sft_text(q, s, self.tokenizer) for q, s in zip(rows["question"], rows["solution"], strict=False)]
         self.tokenizer.padding_side = "left"
         enc = self.tokenizer([p for p, _ in pairs], return_tensors="pt", padding=True,
                              add_special_tokens=False)
@@ -334,7 +338,7 @@ class CourseTrainer:
                 rows_out.append(row)
         return rows_out
 
-    def start_from(self, warm_dir) -> "CourseTrainer":
+    def start_from(self, warm_dir) -> CourseTrainer:
         """Load the adapter weights of a warm start (:func:`grpo_course.warmstart.warm_start`)
         and count its SFT steps as done, so :meth:`train` goes straight to GRPO."""
         from .warmstart import load_adapter_state
@@ -494,7 +498,7 @@ class CourseTrainer:
             passes = list(groups.split(max(per_pass, 1))) if len(groups) else []
             olds = old if old is not None else [None] * len(passes)
             old, sums = [], {}
-            for chunk, chunk_old in zip(passes, olds):
+            for chunk, chunk_old in zip(passes, olds, strict=False):
                 in_pass = torch.zeros_like(keep)
                 in_pass[chunk] = True
                 rows = in_pass.repeat_interleave(G)
@@ -606,7 +610,7 @@ class CourseTrainer:
         return rows_out
 
     # ------------------------------------------------------------ persistence
-    def fork(self) -> "CourseTrainer":
+    def fork(self) -> CourseTrainer:
         """A deep copy that shares the frozen base weights with this trainer (they never change):
         a second trainer for the price of its adapters and optimizer state, not of a second model.
         Both can then train on their own (chapter 3 checks its hand-written step this way)."""
@@ -652,7 +656,7 @@ class CourseTrainer:
 
     @classmethod
     def resume(cls, path, model, tokenizer, train_dataset, config: GRPOConfig | None = None,
-               **kwargs) -> "CourseTrainer":
+               **kwargs) -> CourseTrainer:
         """A trainer that continues the run saved at ``path`` (``model`` = the fresh base), with
         the config saved there or ``config`` (the CLI's: saved < recipe < flags)."""
         path = Path(path)

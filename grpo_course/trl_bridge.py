@@ -26,9 +26,10 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from grpo_course.cli import RunArguments
 from grpo_course.config import ConfigError, GRPOConfig

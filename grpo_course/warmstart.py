@@ -47,8 +47,8 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
     """The folder of ``config``'s SFT-warmed adapter, trained now (with a progress bar) unless
     an identical recipe was trained before. Loadable by :func:`~grpo_course.models.load_model`;
     :meth:`~grpo_course.train.CourseTrainer.start_from` continues training from it."""
-    from .models import cache_dir, load_model
     from .atomic import atomic_write
+    from .models import cache_dir, load_model
     from .train import CourseTrainer
 
     folder = cache_dir() / "warm_start" / warm_start_key(config, train_dataset)

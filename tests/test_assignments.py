@@ -20,8 +20,8 @@ def test_seven_student_notebooks_keep_stubs_and_graded_checks_and_drop_solutions
         cells = json.loads(path.read_text())["cells"]
         tags = [c["metadata"].get("tags", []) for c in cells]
         assert not any("solution" in t for t in tags), path.name
-        stubs = [c for c, t in zip(cells, tags) if "exercise" in t]
-        checks = [c for c, t in zip(cells, tags) if "check" in t]
+        stubs = [c for c, t in zip(cells, tags, strict=False) if "exercise" in t]
+        checks = [c for c, t in zip(cells, tags, strict=False) if "check" in t]
         assert len(stubs) >= 2 and len(checks) == len(stubs)
         assert all(c["metadata"]["nbgrader"]["solution"] for c in stubs)
         assert all(c["metadata"]["nbgrader"]["grade"] and c["metadata"]["nbgrader"]["locked"]

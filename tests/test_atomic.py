@@ -197,6 +197,7 @@ def test_save_model_interrupted_keeps_the_old_model_not_a_mix(tmp_path, monkeypa
 
 def test_model_cache_write_interrupted_keeps_the_old_cache(tmp_path, monkeypatch):
     import transformers
+
     from grpo_course import models
     from tests.helpers import FakeTokenizer
 

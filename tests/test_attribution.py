@@ -6,9 +6,19 @@ from fractions import Fraction
 import pytest
 
 from grpo_course.arithmetic import arithmetic_check, equation_is_right, evaluate_expression
-from grpo_course.attribution import (chance_baseline, chance_candidates, changes_table, earned,
-                                     failed_bars, farming_checks, held_out_rewards,
-                                     paired_difference, phase_changes, recipe_rows, solved_overlap)
+from grpo_course.attribution import (
+    chance_baseline,
+    chance_candidates,
+    changes_table,
+    earned,
+    failed_bars,
+    farming_checks,
+    held_out_rewards,
+    paired_difference,
+    phase_changes,
+    recipe_rows,
+    solved_overlap,
+)
 from grpo_course.evaluate import EvalResult
 
 ROWS = [
@@ -24,7 +34,7 @@ ROWS = [
 def _result(completions, golds=("42", "27", "210")):
     from grpo_course.answers import answers_match, extract_hash_answer
     records = []
-    for i, (text, gold) in enumerate(zip(completions, golds)):
+    for i, (text, gold) in enumerate(zip(completions, golds, strict=False)):
         guess = extract_hash_answer(text)
         records.append({"idx": i, "completion": text, "correct": answers_match(guess, gold),
                         "formatted": guess is not None})

@@ -112,8 +112,9 @@ def page():
         if os.environ.get("REQUIRE_BROWSER"):
             pytest.fail("no chromium found: `make test` installs Debian's chromium when missing")
         pytest.skip("no chromium on this machine (make test installs it with apt-get)")
-    from playwright.sync_api import sync_playwright
     import tempfile
+
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(

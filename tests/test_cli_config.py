@@ -214,6 +214,7 @@ def test_out_is_required(capsys):
 @pytest.mark.parametrize("profile", C.PROFILE_NAMES)
 def test_train_command_round_trips(profile):
     import shlex
+
     from grpo_course.cli import train_command
     P = C.PROFILES[profile]
     cfg = dataclasses.replace(P.grpo, num_generations=4, per_step_completions=8, max_steps=3,

@@ -1,7 +1,6 @@
 import pytest
 
-from grpo_course.config import (PROFILES, ConfigError, EvalConfig, GRPOConfig,
-                                check_group_config, get_profile)
+from grpo_course.config import PROFILES, ConfigError, EvalConfig, GRPOConfig, check_group_config, get_profile
 
 
 def test_default_profile_is_full(monkeypatch):

@@ -6,9 +6,19 @@ import math
 import pytest
 import torch
 
-from grpo_course.curriculum import (EWC, CurriculumError, completion_log_likelihood,
-                                    curriculum_stages, ewc_penalty, fisher_agreement, fisher_diagonal,
-                                    order_by_pass_rate, reference_batches, shuffled_stages, take)
+from grpo_course.curriculum import (
+    EWC,
+    CurriculumError,
+    completion_log_likelihood,
+    curriculum_stages,
+    ewc_penalty,
+    fisher_agreement,
+    fisher_diagonal,
+    order_by_pass_rate,
+    reference_batches,
+    shuffled_stages,
+    take,
+)
 from grpo_course.data import STRATA, load_gsm8k
 from tests import helpers
 
@@ -131,7 +141,7 @@ def test_fisher_of_tiny_llama_matches_per_sequence_forward():
         logps = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1)
         ll = logps[len(p) - 1:].gather(1, c[:, None]).sum()
         grads = torch.autograd.grad(ll, [named[n] for n in params])
-        for n, g in zip(params, grads):
+        for n, g in zip(params, grads, strict=False):
             expected[n] += g ** 2 / 4
     for n in params:
         torch.testing.assert_close(fisher[n], expected[n], rtol=1e-4, atol=1e-8)
@@ -179,8 +189,8 @@ def test_fisher_bad_input():
 
 
 def test_reference_batches_score_the_gsm8k_solution(gsm8k_dir):
-    from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
 
     words = "<pad> <eos> Tom has 3 apples and buys 4 more".split()
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
@@ -217,7 +227,7 @@ def test_penalty_gradient_is_lam_f_delta():
     lam = 3.5
     value = ewc_penalty(theta, anchor, fisher, lam)
     grads = torch.autograd.grad(value, [theta["a"], theta["b"]])
-    for n, g in zip(["a", "b"], grads):
+    for n, g in zip(["a", "b"], grads, strict=False):
         torch.testing.assert_close(g, lam * fisher[n] * (theta[n].detach() - anchor[n]))
 
 

@@ -2,8 +2,17 @@ import json
 
 import pytest
 
-from grpo_course.data import (DataError, count_steps, difficulty, extract_hash_answer,
-                              last_number, load_gsm8k, normalize_number, parse_row, read_jsonl)
+from grpo_course.data import (
+    DataError,
+    count_steps,
+    difficulty,
+    extract_hash_answer,
+    last_number,
+    load_gsm8k,
+    normalize_number,
+    parse_row,
+    read_jsonl,
+)
 
 from .conftest import ROWS, write_jsonl
 

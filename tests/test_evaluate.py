@@ -248,9 +248,9 @@ def _tiny_rows():
 
 
 def test_sampled_rewards_are_each_problems_mean_of_k_weighted_samples():
+    from grpo_course.data import chat_prompt
     from grpo_course.evaluate import sampled_rewards
     from grpo_course.sampling import sample_completions
-    from grpo_course.data import chat_prompt
     from tests.helpers import tiny_model, tiny_tokenizer
 
     model, tok, rows = tiny_model(), tiny_tokenizer(), _tiny_rows()

@@ -60,8 +60,8 @@ def test_reference_hidden_puts_the_code_back_even_on_an_error():
 def test_cases_cover_the_edges():
     rewards = [args[0] for args, _ in ex.reward_group_cases()]
     Gs = [args[1] for args, _ in ex.reward_group_cases()]
-    assert any(zero_std_groups(r, G).any() for r, G in zip(rewards, Gs))       # tied groups
-    assert any((~zero_std_groups(r, G)).any() for r, G in zip(rewards, Gs))
+    assert any(zero_std_groups(r, G).any() for r, G in zip(rewards, Gs, strict=False))       # tied groups
+    assert any((~zero_std_groups(r, G)).any() for r, G in zip(rewards, Gs, strict=False))
     texts = [args[0] for args, _ in ex.answer_cases()]
     answers = [extract_hash_answer(t) for t in texts]
     assert None in answers and any(a and "." in a for a in answers) and any(a and a.startswith("-") for a in answers)
@@ -149,7 +149,7 @@ def test_second_exercises_pass_a_written_out_solution_and_cover_their_edges():
 
     def my_correctness(completions, answer, **kwargs):        # chapter 2
         out = []
-        for c, gold in zip(completions, answer):
+        for c, gold in zip(completions, answer, strict=False):
             guess = extract_hash_answer(completion_text(c))
             if guess is None:
                 out.append(-1.0)
@@ -162,13 +162,13 @@ def test_second_exercises_pass_a_written_out_solution_and_cover_their_edges():
     assert ex.check(my_correctness, correctness, ex.tiered_completion_cases(),
                     hide=[answer_tier]) is True
     cheat = lambda completions, answer, **kw: [answer_tier(extract_hash_answer(completion_text(c)), g)
-                                               for c, g in zip(completions, answer)]
+                                               for c, g in zip(completions, answer, strict=False)]
     assert ex.check(cheat, correctness, ex.tiered_completion_cases(), hide=[answer_tier]) is False
 
     def my_exact(completions, answer, **kwargs):              # chapter 4
         return [1.0 if extract_hash_answer(m[0]["content"]) is not None
                 and float(extract_hash_answer(m[0]["content"])) == float(g) else 0.0
-                for m, g in zip(completions, answer)]
+                for m, g in zip(completions, answer, strict=False)]
     assert ex.check(my_exact, ex.exact_answer_reward, ex.conversational_cases()) is True
 
 

@@ -8,8 +8,14 @@ import pytest
 import torch
 
 from grpo_course.config import ConfigError, GRPOConfig
-from grpo_course.grpo import (group_advantages, grpo_loss, kl_k3, per_token_logps,
-                              reinforce_loss, zero_std_groups)
+from grpo_course.grpo import (
+    group_advantages,
+    grpo_loss,
+    kl_k3,
+    per_token_logps,
+    reinforce_loss,
+    zero_std_groups,
+)
 from tests.helpers import ADDITION_ROWS as ROWS
 from tests.helpers import length_reward, tiny_model, tiny_tokenizer
 from tests.helpers import tiny_trainer as _trainer
@@ -184,7 +190,7 @@ def test_chunked_logps_give_the_full_logits_gradient(monkeypatch):
     (a, ea, ga), (b, eb, gb) = results
     torch.testing.assert_close(a, b)
     torch.testing.assert_close(ea, eb)
-    for x, y in zip(ga, gb):
+    for x, y in zip(ga, gb, strict=False):
         torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
 
 
@@ -214,7 +220,7 @@ def test_course_attention_gives_sdpas_logps_and_gradients(shared_prompt):
     assert model.config._attn_implementation == "sdpa"       # put back
     (a, ga), (b, gb) = results
     torch.testing.assert_close(a[cmask == 1], b[cmask == 1], atol=1e-5, rtol=1e-5)
-    for x, y in zip(ga, gb):
+    for x, y in zip(ga, gb, strict=False):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
 
 
@@ -277,15 +283,16 @@ def test_resume_reproduces_the_run(tmp_path):
     first = _trainer(tmp_path)
     first.train(max_steps=2)
     first.save_checkpoint(tmp_path / "ckpt")
-    from grpo_course.train import CourseTrainer
     import datasets
+
+    from grpo_course.train import CourseTrainer
     resumed = CourseTrainer.resume(tmp_path / "ckpt", tiny_model(), tiny_tokenizer(),
                                    datasets.Dataset.from_list(ROWS),
                                    reward_funcs={"length": length_reward})
     assert resumed.global_step == 2
     rest = resumed.train(max_steps=4)
     assert [r["step"] for r in rest] == [2, 3]
-    for a, b in zip(full[2:], rest):
+    for a, b in zip(full[2:], rest, strict=False):
         assert a["reward"] == pytest.approx(b["reward"], abs=1e-6)
         assert a["completion_length"] == b["completion_length"]
         assert a["grad_norm"] > 0 and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
@@ -396,6 +403,7 @@ def test_impossible_configs(changes, match):
 
 def test_unknown_reward_name():
     import datasets
+
     from grpo_course.train import CourseTrainer
     with pytest.raises(ConfigError, match="unknown reward"):
         CourseTrainer(tiny_model(), tiny_tokenizer(), GRPOConfig(reward_weights={"nope": 1.0}),
@@ -403,8 +411,9 @@ def test_unknown_reward_name():
 
 
 def test_zero_variance_batch_skips_backward_unless_asked():
-    from grpo_course.train import CourseTrainer
     import datasets
+
+    from grpo_course.train import CourseTrainer
     constant = {"const": lambda completions, **kw: [1.0] * len(completions)}
     cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=4,
                      lora_r=4, lora_alpha=8, reward_weights={"const": 1.0},
@@ -428,8 +437,9 @@ def test_zero_variance_batch_skips_backward_unless_asked():
 def test_dropping_zero_variance_groups_leaves_the_update_unchanged(loss_type):
     """Group 0 has equal rewards (advantage 0), group 1 does not: computing only group 1
     (and rescaling) gives the same loss and the same parameters after two steps."""
-    from grpo_course.train import CourseTrainer
     import datasets
+
+    from grpo_course.train import CourseTrainer
     half = {"half": lambda completions, **kw: [1.0, 1.0, 0.0, 1.0][:len(completions)]}
     cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=6,
                      lora_r=4, lora_alpha=8, reward_weights={"half": 1.0}, learning_rate=1e-2,
@@ -447,7 +457,7 @@ def test_dropping_zero_variance_groups_leaves_the_update_unchanged(loss_type):
     (lazy, p_lazy), (full, p_full) = runs[True], runs[False]
     assert [r["frac_groups_dropped"] for r in lazy] == [0.5, 0.5]
     assert [r["frac_groups_dropped"] for r in full] == [0.0, 0.0]
-    for a, b in zip(lazy, full):
+    for a, b in zip(lazy, full, strict=False):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4, abs=1e-7)
     for name in p_full:
@@ -459,8 +469,9 @@ def test_micro_batches_take_the_same_update(loss_type):
     """Three groups (the first tied, so left out), two updates per sampled batch: trained one
     group per forward/backward pass (``train_micro_batch=G``) or all at once, the same losses,
     metrics and weights."""
-    from grpo_course.train import CourseTrainer
     import datasets
+
+    from grpo_course.train import CourseTrainer
     scores = {"s": lambda completions, **kw: [1.0, 1.0, 0.0, 1.0, 1.0, 0.0][:len(completions)]}
     data = datasets.Dataset.from_list(ROWS)
     runs = {}
@@ -479,7 +490,7 @@ def test_micro_batches_take_the_same_update(loss_type):
     assert [r["frac_groups_dropped"] for r in parts] == pytest.approx([1 / 3, 1 / 3])
     lengths = [r["completion_length"] for r in whole]
     assert lengths == [r["completion_length"] for r in parts]      # the same samples
-    for a, b in zip(whole, parts):
+    for a, b in zip(whole, parts, strict=False):
         for key in ("loss", "policy_loss", "kl", "entropy", "sampler_logp_gap",
                     "clip_ratio/region_mean"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
@@ -511,6 +522,7 @@ def test_a_run_interrupted_during_sft_resumes_exactly(tmp_path, monkeypatch, cap
     weights as the run that was never stopped. The checkpoint holds the SFT optimizer (AdamW
     moments), the random states of the last step boundary (LoRA dropout) and the counters."""
     import datasets
+
     from grpo_course.train import CourseTrainer
     changes = dict(sft_steps=4, sft_batch_size=2, sft_learning_rate=1e-2, lora_dropout=0.1)
     whole = _trainer(tmp_path / "whole", **changes)
@@ -551,6 +563,7 @@ def test_sft_checkpoint_without_the_sft_optimizer_would_differ(tmp_path, monkeyp
     """The check above can fail: resuming the same interruption with a fresh SFT optimizer
     (what checkpoints held before) ends with different weights."""
     import datasets
+
     from grpo_course.train import CourseTrainer
     changes = dict(sft_steps=4, sft_batch_size=2, sft_learning_rate=1e-2, lora_dropout=0.0)
     whole = _trainer(None, **changes)

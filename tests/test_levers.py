@@ -14,8 +14,7 @@ from grpo_course.grpo import per_token_logps
 from grpo_course.sampling import concat_batches, sample_completions
 from grpo_course.train import CourseTrainer
 from tests.helpers import ADDITION_ROWS as ROWS
-from tests.helpers import length_reward
-from tests.helpers import tiny_model, tiny_tokenizer
+from tests.helpers import length_reward, tiny_model, tiny_tokenizer
 
 LORA = dict(lora_r=4, lora_alpha=8, lora_target_modules=("q_proj", "v_proj", "up_proj"))
 
@@ -31,13 +30,13 @@ def _trainer(rows=ROWS, reward=length_reward, **changes):
 
 def tie_unless_odd(completions, answer=None, **kw):
     """Ties (all 0) for prompts with an even answer; a length reward for odd answers."""
-    return [0.0 if int(a) % 2 == 0 else 1.0 / (1 + len(c)) for c, a in zip(completions, answer)]
+    return [0.0 if int(a) % 2 == 0 else 1.0 / (1 + len(c)) for c, a in zip(completions, answer, strict=False)]
 
 
 # ---------------------------------------------------------------- dynamic sampling
 def test_dynamic_sampling_fills_the_step_with_informative_groups():
     # answers 3, 7, 11, 15, 4, 10: only the first four prompts can give unequal rewards
-    rows = [{**r, "answer": a} for r, a in zip(ROWS, ["4", "3", "10", "7", "11", "15"])]
+    rows = [{**r, "answer": a} for r, a in zip(ROWS, ["4", "3", "10", "7", "11", "15"], strict=False)]
     plain = _trainer(rows, tie_unless_odd).step()
     assert plain["prompts_sampled"] == 2 and plain["informative_groups"] == 1
     trainer = _trainer(rows, tie_unless_odd, dynamic_sampling=True, max_sampling_rounds=4)
@@ -64,7 +63,7 @@ def test_dynamic_sampling_filters_on_the_named_reward():
     # "length" differs in every group; "odd" ties for the even answers (4, 10). Filtering on the
     # total reward keeps the first two prompts; filtering on "odd" (DAPO's accuracy filter) sets
     # the even-answer prompt aside and samples the next one.
-    rows = [{**r, "answer": a} for r, a in zip(ROWS, ["4", "3", "10", "7", "11", "15"])]
+    rows = [{**r, "answer": a} for r, a in zip(ROWS, ["4", "3", "10", "7", "11", "15"], strict=False)]
     funcs = {"length": length_reward, "odd": tie_unless_odd}
     base = dict(num_generations=2, per_step_completions=4, max_completion_length=6, max_steps=2,
                 learning_rate=1e-2, reward_weights={"length": 1.0, "odd": 1.0},
@@ -108,7 +107,7 @@ def test_the_filter_reward_is_scored_even_with_no_weight():
 
 
 def test_generation_batch_size_samples_wide_and_trains_on_a_step():
-    rows = [{**r, "answer": a} for r, a in zip(ROWS, ["4", "3", "10", "7", "11", "15"])]
+    rows = [{**r, "answer": a} for r, a in zip(ROWS, ["4", "3", "10", "7", "11", "15"], strict=False)]
     trainer = _trainer(rows, tie_unless_odd, dynamic_sampling=True, max_sampling_rounds=2,
                        generation_batch_size=8)           # 4 prompts a round, 2 trained
     row = trainer.step()
@@ -143,7 +142,7 @@ def test_concatenated_batches_score_as_their_parts():
 # ---------------------------------------------------------------- prompt order
 def test_easy_first_prompt_order_and_cursor():
     rows = [{**r, "difficulty": d} for r, d in
-            zip(ROWS, ["advanced", "basic", "intermediate", "basic", "advanced", "intermediate"])]
+            zip(ROWS, ["advanced", "basic", "intermediate", "basic", "advanced", "intermediate"], strict=False)]
     trainer = _trainer(rows, prompt_order="easy_first")
     seen = [trainer._next_rows(2)["difficulty"] for _ in range(3)]
     assert seen == [["basic"] * 2, ["intermediate"] * 2, ["advanced"] * 2]
@@ -316,7 +315,7 @@ def test_gradient_checkpointing_takes_the_same_step():
     a, b = plain.step(), checkpointed.step()
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] > 0
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
-    for (name, p), q in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
+    for (name, p), q in zip(plain.model.named_parameters(), checkpointed.model.parameters(), strict=False):
         if p.requires_grad:
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
@@ -326,12 +325,12 @@ def test_fork_shares_frozen_weights_and_trains_on_its_own():
     fork = trainer.fork()
     frozen = lambda t: [p for p in t.model.parameters() if not p.requires_grad]   # noqa: E731
     lora = lambda t: [p for p in t.model.parameters() if p.requires_grad]         # noqa: E731
-    assert all(a is b for a, b in zip(frozen(trainer), frozen(fork)))             # shared, not copied
-    assert all(a is not b and torch.equal(a, b) for a, b in zip(lora(trainer), lora(fork)))
+    assert all(a is b for a, b in zip(frozen(trainer), frozen(fork), strict=False))             # shared, not copied
+    assert all(a is not b and torch.equal(a, b) for a, b in zip(lora(trainer), lora(fork), strict=False))
     before = [p.detach().clone() for p in lora(trainer)]
     fork.step()
-    assert all(torch.equal(a, b) for a, b in zip(before, lora(trainer)))          # the original is untouched
-    assert any(not torch.equal(a, b) for a, b in zip(before, lora(fork)))
+    assert all(torch.equal(a, b) for a, b in zip(before, lora(trainer), strict=False))          # the original is untouched
+    assert any(not torch.equal(a, b) for a, b in zip(before, lora(fork), strict=False))
     assert trainer.global_step == 0 and fork.global_step == 1
 
 

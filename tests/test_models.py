@@ -5,9 +5,8 @@ import torch
 import transformers
 
 from grpo_course import models
-from tests.helpers import FakeTokenizer
 from grpo_course.models import ModelError, bundled_model_dir, load_model, set_threads
-from tests.helpers import tiny_llama
+from tests.helpers import FakeTokenizer, tiny_llama
 
 
 @pytest.fixture

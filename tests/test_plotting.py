@@ -1,8 +1,8 @@
 """Plotting helpers: benchmark results, the cost curve, and glue (numbers quoted in the prose)."""
 import json
-import pytest
 
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
@@ -37,9 +37,10 @@ def test_cost_curve_has_one_point_per_matching_sweep_row():
 
 
 def test_glue_formats_numpy_and_torch_scalars_and_glues_the_text(monkeypatch):
+    import myst_nb
     import numpy as np
     import torch
-    import myst_nb
+
     from grpo_course import plotting
 
     seen = {}
@@ -57,7 +58,7 @@ def test_glue_formats_numpy_and_torch_scalars_and_glues_the_text(monkeypatch):
 def test_glued_names_an_unglued_value():
     from grpo_course import plotting
     with pytest.raises(AttributeError, match="nothing is glued as 'never_glued' yet"):
-        plotting.glued.never_glued
+        _ = plotting.glued.never_glued
 
 
 def test_glue_records_every_value_for_the_table_where_myst_is_not_rendered():

@@ -7,11 +7,10 @@ import torch
 
 from grpo_course.config import GRPOConfig
 from grpo_course.grpo import _frozen_output_weight, norms_cast_once, per_token_logps
-from grpo_course.precision import (FrozenLowPrecisionLinear, frozen_linear_weights_as,
-                                   hold_frozen_weights_in)
+from grpo_course.precision import FrozenLowPrecisionLinear, frozen_linear_weights_as, hold_frozen_weights_in
 from grpo_course.train import add_lora
-from tests.helpers import tiny_trainer as _trainer
 from tests.helpers import tiny_model, tiny_tokenizer
+from tests.helpers import tiny_trainer as _trainer
 
 TARGETS = ("q_proj", "v_proj", "up_proj")
 

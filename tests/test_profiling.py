@@ -107,7 +107,7 @@ def test_timer_does_not_change_training(tokenizer):
         results.append((losses, [p.detach().clone() for p in model.parameters()]))
     (l0, p0), (l1, p1) = results
     assert l0 == l1
-    assert all(torch.equal(a, b) for a, b in zip(p0, p1))
+    assert all(torch.equal(a, b) for a, b in zip(p0, p1, strict=False))
 
 
 def test_timer_standalone_nested_and_errors():
@@ -174,7 +174,7 @@ def test_rss_sampler_stops_on_exception():
     before = threading.active_count()
     with pytest.raises(ZeroDivisionError):
         with prof.RSSSampler(interval=0.005):
-            1 / 0
+            _ = 1 / 0
     assert threading.active_count() == before
 
 
@@ -239,13 +239,13 @@ def test_course_trainer_phases_and_unchanged_results(tokenizer):
     for timer in (None, prof.PhaseTimer()):
         model = tiny_llama(tokenizer, seed=2)
         trainer = train.CourseTrainer(model, tokenizer, cfg, [dict(question=q, answer=a)
-                                      for q, a in zip(rows["question"], rows["answer"])],
+                                      for q, a in zip(rows["question"], rows["answer"], strict=False)],
                                       skip_zero_variance=False, timer=timer)
         for _ in range(2):
             with (timer.step() if timer is not None else nullcontext()):
                 trainer.step(rows)
         results.append([p.detach().clone() for p in trainer.model.parameters()])
-    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=False))
     assert len(timer.records) == 2
     for rec in timer.records:
         assert set(rec.phases) <= set(prof.PHASES)

@@ -167,7 +167,7 @@ def _answers(texts):
     from grpo_course.evaluate import EvalResult
 
     records = []
-    for row, text in zip(_PAIRED_ROWS, texts):
+    for row, text in zip(_PAIRED_ROWS, texts, strict=False):
         guess = extract_hash_answer(text)
         records.append({"idx": row["idx"], "completion": text, "formatted": guess is not None,
                         "correct": answers_match(guess, row["answer"])})

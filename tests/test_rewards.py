@@ -9,10 +9,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo_course import rewards as R
-from grpo_course.rewards import (HASH_FORMAT, REWARD_FUNCTIONS, TAG_FORMAT, AnswerFormat,
-                                 answer_tier, combined, correctness, exact_format,
-                                 extract_answer, format_regex, heuristic, number_extraction,
-                                 score_completions, weighted_sum)
+from grpo_course.rewards import (
+    HASH_FORMAT,
+    REWARD_FUNCTIONS,
+    TAG_FORMAT,
+    AnswerFormat,
+    answer_tier,
+    combined,
+    correctness,
+    exact_format,
+    extract_answer,
+    format_regex,
+    heuristic,
+    number_extraction,
+    score_completions,
+    weighted_sum,
+)
 
 GOOD = "Janet has 16 - 3 - 4 = 9 eggs.\nShe earns 9 * 2 = 18 dollars.\n#### 18"
 GOOD_TAGS = "<reasoning>\n16 - 3 - 4 = 9\n9 * 2 = 18\n</reasoning>\n<answer>\n18\n</answer>"

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from grpo_course.sampling import FastLlama, sample_completions, supports_fast_path
 from tests.helpers import tiny_model, tiny_tokenizer
 
+
 @pytest.fixture(scope="module")
 def tiny():
     return tiny_model(), tiny_tokenizer()
@@ -52,7 +53,7 @@ def test_honours_eos():
     prompts = ["abc", "hello world"]
     s = sample_completions(model, tok, prompts, 4, 40, temperature=1.0, seed=0)
     eos = tok.eos_token_id
-    for ids, mask, trunc in zip(s.completion_ids, s.completion_mask, s.truncated):
+    for ids, mask, trunc in zip(s.completion_ids, s.completion_mask, s.truncated, strict=False):
         n = int(mask.sum())
         assert mask[:n].all() and not mask[n:].any()       # contiguous real tokens
         hits = (ids[:n] == eos).nonzero().flatten().tolist()

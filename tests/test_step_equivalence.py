@@ -14,8 +14,8 @@ import torch
 
 from grpo_course import rewards as rewards_module
 from grpo_course.config import get_profile
-from grpo_course.sampling import sample_completions
 from grpo_course.hardware import native_bf16
+from grpo_course.sampling import sample_completions
 from grpo_course.step_check import assert_same_step, compare_steps, relative_gap, simple_config
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def notebook_function(name: str):
 def tie_for_marked(completions, answer=None, **kwargs):
     """A reward that ties every completion of a prompt whose gold answer is 7 (any other prompt:
     the completion's length mod 5, which differs within a group)."""
-    return [0.0 if a == "7" else float(len(c) % 5) for c, a in zip(completions, answer)]
+    return [0.0 if a == "7" else float(len(c) % 5) for c, a in zip(completions, answer, strict=False)]
 
 
 def lora_trainer(train_dtype: str, rows):

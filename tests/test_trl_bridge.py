@@ -12,12 +12,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo_course import trl_bridge
 from grpo_course.config import ConfigError, GRPOConfig
 from grpo_course.grpo import group_advantages, grpo_loss
-from grpo_course import trl_bridge
-
-from grpo_course.loss_check import (CASES, G, MAX_LEN, PROMPTS, compare_case, course_loss,
-                                    fixed_batch, tiny_llama, trl_loss, trl_trainer)
+from grpo_course.loss_check import (
+    CASES,
+    MAX_LEN,
+    PROMPTS,
+    G,
+    compare_case,
+    course_loss,
+    fixed_batch,
+    tiny_llama,
+    trl_loss,
+    trl_trainer,
+)
 
 
 # ---------------------------------------------------------------- a tiny offline trainer

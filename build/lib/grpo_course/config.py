@@ -1,0 +1,535 @@
+"""Configs and the two run profiles (``smoke`` for CI, ``full`` for students).
+
+Every size a notebook uses comes from :func:`get_profile`, chosen by the
+environment variable ``GRPO_COURSE_PROFILE`` (``smoke`` | ``full``, default
+``full``). Notebooks never edit sizes in cells.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from .atomic import write_text_atomic
+from .errors import CourseError
+
+PROFILE_ENV = "GRPO_COURSE_PROFILE"
+PROFILE_NAMES = ("smoke", "full", "binder")
+DEFAULT_MODEL = "smollm2-135m-instruct"
+SAMPLING_DTYPES = ("auto", "float32", "bfloat16")   # GRPOConfig.sampling_dtype (see sampling)
+PROMPT_ORDERS = ("random", "easy_first", "sequential")   # GRPOConfig.prompt_order
+
+
+class ConfigError(CourseError, ValueError):
+    """A configuration that cannot work (raised with one readable message)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation sizes."""
+
+    n: int = 256                # held-out test problems
+    batch_size: int = 32        # prompts decoded together
+    max_new_tokens: int = 256   # greedy completion budget
+    sampling_dtype: str = "auto"  # decoder weights: auto (bf16 on bf16-capable CPUs) | float32 | bfloat16
+
+    def __post_init__(self) -> None:
+        if self.n <= 0 or self.batch_size <= 0 or self.max_new_tokens <= 0:
+            raise ConfigError(f"EvalConfig sizes must be positive, got {self}")
+        if self.sampling_dtype not in SAMPLING_DTYPES:
+            raise ConfigError(f"sampling_dtype must be one of {', '.join(SAMPLING_DTYPES)}; "
+                              f"got {self.sampling_dtype!r}")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """The from-scratch trainer's hyper-parameters (TRL's names where they exist)."""
+
+    _argument_group_name = "GRPOConfig (TRL's names; each a flag and a YAML key)"  # for --help
+
+    model: str = field(default=DEFAULT_MODEL, metadata={
+        "help": "Policy to train: the bundled name, a model or adapter folder, or a hub id."})
+    num_generations: int = field(default=4, metadata={
+        "help": "G: completions sampled per prompt (the group whose mean reward is the baseline)."})
+    per_step_completions: int = field(default=8, metadata={
+        "help": "B: completions per optimizer step; prompts per step = B / G."})
+    max_completion_length: int = field(default=128, metadata={
+        "help": "Most new tokens sampled per completion."})
+    max_steps: int = field(default=40, metadata={"help": "GRPO optimizer steps of the run."})
+    learning_rate: float = field(default=2e-4, metadata={"help": "AdamW learning rate of GRPO."})
+    beta: float = field(default=0.0, metadata={
+        "help": "KL weight; 0 keeps no reference model in memory."})
+    epsilon_low: float = field(default=0.2, metadata={
+        "help": "Lower clipping bound of the ratio (1 - epsilon_low)."})
+    epsilon_high: float | None = field(default=None, metadata={
+        "help": "Upper clipping bound of the ratio (1 + epsilon_high); none: same as epsilon_low."})
+    loss_type: str = field(default="grpo", metadata={
+        "help": "Loss normalization: grpo | bnpo | dr_grpo | dapo."})
+    scale_rewards: str = field(default="group", metadata={
+        "help": "Advantage scaling by the reward std: group | batch | none."})
+    num_iterations: int = field(default=1, metadata={
+        "help": "mu: optimizer updates per sampled batch (the ratio leaves 1 after the first)."})
+    mask_truncated_completions: bool = field(default=False, metadata={
+        "help": "Completions cut off by max_completion_length add no loss."})
+    dynamic_sampling: bool = field(default=False, metadata={
+        "help": "DAPO: resample until the step holds enough groups with unequal rewards."})
+    max_sampling_rounds: int = field(default=4, metadata={
+        "help": "Cap on dynamic sampling's rounds per step."})
+    dynamic_sampling_reward: str | None = field(default=None, metadata={
+        "help": "Dynamic sampling keeps a group when this reward function's values differ in it "
+                "(DAPO filters on accuracy: 'correctness'); computed with weight 0 when "
+                "reward_weights leaves it out; none: the weighted total reward."})
+    generation_batch_size: int | None = field(default=None, metadata={
+        "help": "Completions sampled per sampling round (a multiple of G); none: "
+                "per_step_completions. With dynamic sampling, more than a step trains on: "
+                "sampling is cheaper than the training pass, so sample wide and train on the "
+                "informative groups."})
+    prompt_order: str = field(default="random", metadata={
+        "help": "random | easy_first (basic -> intermediate -> advanced, chapter 1's strata) | "
+                "sequential (the data set's own order: TRL's shuffle_dataset=False)."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling: keep this much probability mass."})
+    sampling_dtype: str = field(default="auto", metadata={
+        "help": "Sampler weights: auto (bf16 on bf16-capable CPUs) | float32 | bfloat16."})
+    train_dtype: str = field(default="auto", metadata={
+        "help": "GRPO training pass: auto (bf16 autocast on bf16-capable CPUs) | float32 | bfloat16."})
+    train_micro_batch: int | None = field(default=None, metadata={
+        "help": "Completions per forward/backward pass of the GRPO training pass, in whole "
+                "groups (rounded down to a multiple of G, at least one group); none: every "
+                "trained completion at once. The same update "
+                "(the loss of each pass is weighed by its share of the batch), with the "
+                "activations of fewer rows in memory at a time. TRL's gradient accumulation."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    gradient_checkpointing: bool = field(default=False, metadata={
+        "help": "Activation checkpointing in the training pass: keep only each layer's input and "
+                "recompute the rest in the backward pass (less memory, one more forward)."})
+    use_lora: bool = field(default=True, metadata={
+        "help": "Train LoRA adapters (peft) instead of every weight."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input."})
+    lora_target_modules: tuple[str, ...] = field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        metadata={"help": "Modules that get adapters (space-separated names)."})
+    reward_weights: dict[str, float] = field(default_factory=lambda: {
+        "correctness": 1.0, "exact_format": 0.5, "number_extraction": 0.5}, metadata={
+        "help": "Reward functions and their weights; a JSON object on the command line, "
+                "e.g. '{\"correctness\": 1.0}'."})
+    sft_steps: int = field(default=0, metadata={
+        "help": "Supervised warm-up steps on GSM8K train solutions before GRPO."})
+    sft_batch_size: int = field(default=8, metadata={"help": "Solutions per warm-up step."})
+    sft_learning_rate: float = field(default=5e-4, metadata={"help": "AdamW learning rate of the warm-up."})
+    sft_dtype: str = field(default="auto", metadata={
+        "help": "Warm-up matmuls: auto (bf16 autocast on bf16-capable CPUs) | float32 | bfloat16."})
+    train_offset: int = field(default=0, metadata={"help": "First GSM8K train row used."})
+    seed: int = field(default=0, metadata={"help": "Seed of the prompt order, LoRA init and sampling."})
+    log_every: int = field(default=1, metadata={
+        "help": "Steps between logged rows (kept for TRL-style recipes: the course trainer "
+                "logs every step)."})
+    save_every: int = field(default=0, metadata={
+        "help": "Steps between checkpoints; 0: only at the end (and on Ctrl-C)."})
+    report_to: str = field(default="none", metadata={
+        "help": "none | trackio: also log every step to trackio, offline (pip install trackio; "
+                "open the dashboard with `trackio show`). TRL's name."})
+
+    def __post_init__(self) -> None:
+        check_group_config(self.num_generations, self.per_step_completions)
+        if self.max_completion_length <= 0:
+            raise ConfigError(
+                f"max_completion_length must be > 0, got {self.max_completion_length}")
+        if self.loss_type not in ("grpo", "bnpo", "dr_grpo", "dapo"):
+            raise ConfigError(
+                f"loss_type must be one of grpo, bnpo, dr_grpo, dapo; got {self.loss_type!r}")
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ConfigError(
+                f"scale_rewards must be group, batch or none; got {self.scale_rewards!r}")
+        for name in ("sampling_dtype", "sft_dtype", "train_dtype"):
+            if getattr(self, name) not in SAMPLING_DTYPES:
+                raise ConfigError(f"{name} must be one of {', '.join(SAMPLING_DTYPES)}; "
+                                  f"got {getattr(self, name)!r}")
+        if self.max_steps < 0 or self.sft_steps < 0:
+            raise ConfigError(f"max_steps and sft_steps must be >= 0; got max_steps="
+                              f"{self.max_steps}, sft_steps={self.sft_steps}")
+        if self.num_iterations < 1 or self.max_sampling_rounds < 1:
+            raise ConfigError(f"num_iterations and max_sampling_rounds must be >= 1; got "
+                              f"{self.num_iterations} and {self.max_sampling_rounds}")
+        if self.prompt_order not in PROMPT_ORDERS:
+            raise ConfigError(f"prompt_order must be one of {', '.join(PROMPT_ORDERS)}; "
+                              f"got {self.prompt_order!r}")
+        if self.generation_batch_size is not None:
+            check_group_config(self.num_generations, self.generation_batch_size)
+            if self.generation_batch_size < self.per_step_completions:
+                raise ConfigError(f"generation_batch_size ({self.generation_batch_size}) must be at "
+                                  f"least per_step_completions ({self.per_step_completions})")
+        if self.train_micro_batch is not None and self.train_micro_batch < 1:
+            raise ConfigError(f"train_micro_batch must be >= 1 (or none); got {self.train_micro_batch}")
+        if self.report_to not in ("none", "trackio"):
+            raise ConfigError(f"report_to must be none or trackio; got {self.report_to!r}")
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.per_step_completions // self.num_generations
+
+    @property
+    def prompts_per_round(self) -> int:
+        """Prompts sampled per sampling round (``generation_batch_size / G``)."""
+        return (self.generation_batch_size or self.per_step_completions) // self.num_generations
+
+
+def check_group_config(num_generations: int, batch_completions: int) -> None:
+    """Raise :class:`ConfigError` unless ``batch_completions`` splits into groups of G >= 2."""
+    if num_generations < 2:
+        raise ConfigError(
+            f"num_generations (G) must be >= 2: GRPO's baseline is the mean of a group, "
+            f"and a group of {num_generations} has no spread; got {num_generations}")
+    if batch_completions <= 0 or batch_completions % num_generations:
+        raise ConfigError(
+            f"the batch of {batch_completions} completions is not divisible by "
+            f"num_generations={num_generations}; use a multiple of {num_generations}")
+
+
+# ---------------------------------------------------------------- recipes and run configs
+#: the recipes (package data; ``recipes/`` at the top of the checkout points here)
+RECIPES_DIR = Path(str(resources.files("grpo_course") / "recipes"))
+RUN_CONFIG_FILE = "config.yaml"     # a run folder's resolved GRPOConfig (+ profile)
+RUN_KEYS = ("trainer", "profile")   # the keys of a run's config.yaml that are not GRPOConfig fields
+_TRUE, _FALSE = ("true", "yes", "y", "1"), ("false", "no", "n", "0")
+
+
+def _describe(kind: Any) -> str:
+    """A field type in words, for error messages."""
+    if get_origin(kind) in (Union, UnionType):
+        inner = [a for a in get_args(kind) if a is not type(None)]
+        return f"{_describe(inner[0])} or none"
+    if get_origin(kind) is tuple:
+        return "a list of strings"
+    if get_origin(kind) is dict:
+        return "a mapping of names to numbers (a JSON object on the command line)"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[kind]
+
+
+def _coerce(kind: Any, value: Any) -> Any:
+    """``value`` as type ``kind``; ValueError when it is not one."""
+    origin = get_origin(kind)
+    if origin in (Union, UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return _coerce(next(a for a in get_args(kind) if a is not type(None)), value)
+    if origin is tuple:
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ValueError
+    if origin is dict:
+        value = json.loads(value) if isinstance(value, str) else value
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ValueError
+        return {k: _coerce(float, v) for k, v in value.items()}
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+            return value.lower() in _TRUE
+        raise ValueError
+    if isinstance(value, bool):             # YAML's true is no integer here
+        raise ValueError
+    if kind is int and isinstance(value, (int, str)):
+        return int(value)
+    if kind is float and isinstance(value, (int, float, str)):
+        return float(value)
+    if kind is str and isinstance(value, str):
+        return value
+    raise ValueError
+
+
+def coerce_field(name: str, value: Any) -> Any:
+    """``value`` (from YAML, JSON or a flag) as the type of GRPOConfig field ``name``: YAML's
+    ``1e-4`` string becomes a float, a list of modules a tuple, a JSON object a dict."""
+    kinds = get_type_hints(GRPOConfig)
+    if name not in kinds:
+        raise ConfigError(f"unknown GRPOConfig field {name!r} "
+                          f"(python -m grpo_course.train --help lists them)")
+    try:
+        return _coerce(kinds[name], value)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{name} must be {_describe(kinds[name])}; got {value!r}") from None
+
+
+def load_recipe(path: str | os.PathLike, extra_keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The GRPOConfig fields of a YAML recipe, typed (keys in ``extra_keys`` pass unchanged)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"recipe {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"recipe {str(path)!r} is not valid YAML{where}: {problem}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"recipe {str(path)!r} must be a mapping of GRPOConfig fields to "
+                          f"values; got {type(raw).__name__}")
+    try:
+        return {k: v if k in extra_keys else coerce_field(str(k), v) for k, v in raw.items()}
+    except ConfigError as exc:
+        raise ConfigError(f"recipe {str(path)!r}: {exc}") from None
+
+
+def config_to_dict(config: GRPOConfig) -> dict[str, Any]:
+    """Every field of ``config`` as plain YAML/JSON values (tuples become lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
+
+
+#: What trained a run folder (the ``trainer`` key of its config.yaml).
+TRAINERS = ("course", "trl", "curriculum")
+
+
+def save_run_config(folder: str | os.PathLike, config: GRPOConfig,
+                    profile: str | None = None, trainer: str = "course") -> Path:
+    """Write ``folder/config.yaml`` atomically: the trainer, the profile's name and every field
+    of ``config``. It is a recipe too: ``--config folder/config.yaml`` reruns it."""
+    if trainer not in TRAINERS:
+        raise ConfigError(f"trainer {trainer!r}: choose one of {', '.join(TRAINERS)}")
+    folder = Path(folder)
+    body = {"trainer": trainer} | ({"profile": profile} if profile else {}) | config_to_dict(config)
+    command = "grpo_course.trl_bridge" if trainer == "trl" else "grpo_course.train"
+    text = (f"# The resolved GRPOConfig of this run ({trainer} trainer).\n"
+            f"# Rerun: python -m {command} --config {folder / RUN_CONFIG_FILE} --out NEW_DIR\n"
+            + yaml.safe_dump(body, sort_keys=False))
+    return write_text_atomic(folder / RUN_CONFIG_FILE, text)
+
+
+def load_run_config(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The config a run folder was trained with (``trainer``, ``profile`` + fields), or ``None``."""
+    path = Path(folder) / RUN_CONFIG_FILE
+    if not path.is_file():
+        return None
+    return load_recipe(path, extra_keys=RUN_KEYS)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """All sizes of one profile, per chapter."""
+
+    name: str
+    eval: EvalConfig
+    grpo: GRPOConfig
+    # chapter 1
+    n_inspect: int = 2000            # rows for the length histograms
+    n_demo: int = 3                  # problems answered live
+    # chapter 2
+    reward_prompts: int = 8          # prompts sampled for the reward distributions (G = grpo.num_generations)
+    reward_max_new_tokens: int = 160  # completion budget of those samples
+    # chapter 3: pass@G on the first training prompts, before and after GRPO
+    pass_k_prompts: int = 8
+    # chapter 3: your GRPO loop (written out in the notebook), run twice from the warm start: as the
+    # profile's recipe runs (beta = 0, one update per batch) and with a KL term and batch reuse
+    loop_steps: int = 10                  # steps of the first run (the profile's beta and mu)
+    loop_kl_steps: int = 5                # steps of the second run (beta > 0, mu > 1)
+    loop_prompts: int = 1                 # prompts per step (G completions each)
+    loop_pool: int = 8                    # basic training problems the loop cycles through
+    loop_beta: float = 0.04               # the second run's beta (DeepSeekMath's)
+    loop_num_iterations: int = 2          # the second run's updates per batch (mu)
+    loop_changes: dict[str, Any] = field(default_factory=dict)   # GRPOConfig changes for the loop
+    # chapter 6 (INT8): logits agreement, decode timing, held-out eval of each variant
+    quant_agreement_prompts: int = 16     # GSM8K test prompts for fp32-vs-INT8 logits
+    quant_torchao_prompts: int = 2        # the same for torchao (its CPU int8 matmul is slow)
+    quant_last_k: int = 16                # compared positions at the end of each prompt
+    quant_batch_sizes: tuple[int, ...] = (1, 8)
+    quant_decode_tokens: int = 32         # new tokens per timing run
+    quant_torchao_batch_sizes: tuple[int, ...] = (1, 8)
+    quant_torchao_decode_tokens: int = 4
+    quant_eval_n: int = 256               # held-out problems per evaluated variant (paired)
+    quant_policy_steps: int = 6           # GRPO steps of the policy trained here when chapter 3's
+                                          # is not in the cache (its recipe, from the warm start)
+    # chapter 7 (profiling); the profiled step itself uses ``grpo``
+    prof_steps: int = 2                               # timed trainer steps (after one warm-up)
+    prof_threads: tuple[int, ...] = (1, 2, 3, 4)      # thread counts for the scaling runs
+    prof_scaling_length: int = 32                     # completion budget of the scaling step
+    prof_matmul_n: int = 2048                         # square matmul for peak GFLOP/s
+    prof_copy_mib: int = 256                          # tensor copied for the bandwidth
+    prof_lever_length: int = 32                       # completion budget of the lever steps
+    prof_lever_generations: tuple[int, ...] = (2, 4, 8)
+    prof_lever_lengths: tuple[int, ...] = (32, 64, 128)
+    prof_nocache_tokens: int = 32                     # budget of the KV-cache lever
+    prof_trace_step: dict[str, Any] = field(default_factory=dict)   # GRPOConfig changes for the step
+                                                      # torch.profiler records (it keeps every event in
+                                                      # memory: ~5 KiB each, ~200k for a 16-token step)
+    prof_full_finetune: bool = True                   # time a full fine-tuning step beside LoRA (its
+                                                      # gradients and AdamW moments need ~1.6 GiB more)
+    prof_logits_completions: int | None = None        # completions in the all-position-logits pass (None: all)
+    # chapter 4 (TRL GRPOTrainer); the rest of the run uses ``grpo`` and ``eval``
+    trl_max_steps: int = 16                           # optimizer steps of each trainer (smoke: 1)
+    trl_eval_n: int = 128                             # held-out problems per model (the warm start's are
+                                                      # reused from chapter 3's cached evaluation)
+    trl_ddp_steps: int = 1                            # steps of the 2-process TRL run (0: skipped)
+    trl_dtype: str = "float32"                        # TRL's weights: float32 (and bf16=False), or auto:
+                                                      # bf16 weights and bf16=True where the CPU has bf16
+    trl_micro_batch: int | None = None                # completions per forward/backward pass of TRL's step
+                                                      # (gradient accumulation; None: the whole step at
+                                                      # once), like GRPOConfig.train_micro_batch
+    # chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides
+    cl_steps_per_stage: int = 5                       # GRPO steps per curriculum stage (and per swept lambda)
+    cl_max_completion_length: int = 96                # completion budget while training
+    cl_eval_n: int = 48                               # held-out basic (stage-1) test problems
+    cl_eval_max_new_tokens: int = 96                  # greedy budget of those evaluations
+    cl_fisher_prompts: int = 8                        # stage-1 problems for the Fisher
+    cl_fisher_many_prompts: int = 24                  # ... for the many-sample Fisher it is checked against
+    cl_nll_rows: int = 64                             # held-out stage-1 solutions scored
+    cl_reward_samples: int = 8                        # samples per problem of a stage's own-problem reward
+    cl_lam: float = 1e4                               # EWC strength of the main run
+    cl_sweep_lams: tuple[float, ...] = (0.0, 1e4, 1e6)   # 0 and cl_lam: the two curriculum runs
+    # chapters 4 and 5 train shorter runs than chapter 3, with smaller steps (see short_run)
+    short_num_generations: int = 4                    # G of chapters 4 and 5
+    short_per_step_completions: int = 8               # completions per step there
+    short_num_iterations: int = 1                     # updates per sampled batch there
+    # memory: trade a little speed for memory (grpo_course.memory.use_low_memory: freed tensors go
+    # back to the system at once, heaps trimmed after each step, one sampler weight copy; binder)
+    low_memory: bool = False
+    # chapters 4-7 read their own entries from ``extra``
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def with_grpo(self, **changes: Any) -> Profile:
+        return replace(self, grpo=replace(self.grpo, **changes))
+
+    def short_run(self, **changes: Any) -> GRPOConfig:
+        """Chapter 3's recipe (levers, rewards, warm start) with the smaller steps of chapters
+        4 and 5 (G, completions per step, updates per batch, a sampling round of one step's
+        prompts) and ``changes`` on top."""
+        return replace(self.grpo, num_generations=self.short_num_generations,
+                       per_step_completions=self.short_per_step_completions,
+                       generation_batch_size=None,
+                       num_iterations=self.short_num_iterations, **changes)
+
+
+#: GRPO steps of the full profile, sized to what chapter 3's 15 minutes on 2 cores leave after its
+#: evaluations and the student's loop: with native bf16 (AVX512-BF16 or AMX) both the sampler and
+#: the training pass run in bf16; elsewhere both run in fp32, at about half the speed. The chapter
+#: prints its own minutes; ``make book`` on a clean clone is where they are measured.
+FULL_GRPO_STEPS = {"native_bf16": 14, "fp32": 6}
+
+
+def full_grpo_steps() -> int:
+    """The full profile's GRPO steps on this machine (:data:`FULL_GRPO_STEPS`)."""
+    from .hardware import native_bf16
+    return FULL_GRPO_STEPS["native_bf16" if native_bf16() else "fp32"]
+
+
+#: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),
+#: read from the recipe that a student runs from the shell: ``recipes/grpo_levers.yaml``.
+GRPO_LEVERS: dict[str, Any] = load_recipe(RECIPES_DIR / "grpo_levers.yaml")
+
+PROFILES: dict[str, Profile] = {
+    "smoke": Profile(
+        name="smoke",
+        eval=EvalConfig(n=8, batch_size=8, max_new_tokens=48),
+        grpo=GRPOConfig(max_steps=2, per_step_completions=8, num_generations=4,
+                        max_completion_length=32, sft_steps=2, sft_batch_size=4,
+                        **{**GRPO_LEVERS, "generation_batch_size": 16}),
+        n_inspect=200, n_demo=1, reward_prompts=2, reward_max_new_tokens=48,
+        quant_agreement_prompts=2, quant_torchao_prompts=1, quant_last_k=8,
+        quant_batch_sizes=(1,), quant_decode_tokens=6, quant_torchao_batch_sizes=(1,),
+        quant_torchao_decode_tokens=2, quant_eval_n=4, quant_policy_steps=1,
+        prof_steps=1, prof_threads=(1, 2), prof_scaling_length=8, prof_matmul_n=1024,
+        prof_copy_mib=64, prof_lever_length=8, prof_lever_generations=(2, 4),
+        prof_lever_lengths=(8, 16), prof_nocache_tokens=8,
+        trl_max_steps=1, trl_eval_n=8, trl_ddp_steps=1, pass_k_prompts=2,
+        loop_steps=2, loop_kl_steps=1, loop_prompts=1, loop_pool=2,
+        cl_steps_per_stage=1, cl_max_completion_length=16, cl_eval_n=2,
+        cl_eval_max_new_tokens=24, cl_fisher_prompts=2, cl_fisher_many_prompts=4, cl_nll_rows=4,
+        cl_reward_samples=2,
+        cl_sweep_lams=(0.0, 1e4, 1e6),
+        extra={},
+    ),
+    "full": Profile(
+        name="full",
+        # 512 held-out problems: a gain of a few points needs that many for a paired test
+        eval=EvalConfig(n=512, batch_size=32, max_new_tokens=200),
+        # recipe: a LoRA SFT warm-up on GSM8K train solutions (the shared warm start, trained in
+        # chapter 2), then GRPO (chapter 3): G = 8, 8 prompts sampled a round and the 4 whose
+        # completions reach different gold steps trained, the levers of chapter 3 (measured in
+        # bench/levers.py and bench/recipes.py). GRPO gets what chapter 3's 15 minutes leave after
+        # its held-out evaluation: FULL_GRPO_STEPS, more where the CPU has native bf16.
+        # The training pass runs one group (8 completions) at a time: the same update, a quarter
+        # of the activations (32 completions at once held ~5 GiB in chapter 3); TRL likewise.
+        grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4,
+                        max_steps=full_grpo_steps(),
+                        num_generations=8, per_step_completions=32, learning_rate=3e-4,
+                        train_micro_batch=8, **GRPO_LEVERS),
+        n_inspect=7473, n_demo=3, reward_prompts=8, reward_max_new_tokens=160,
+        trl_micro_batch=8,
+        # chapter 3's loop: the notebook's own step has no prompt cache and no bf16 training pass,
+        # so it samples one prompt a step with shorter completions
+        loop_changes={"max_completion_length": 96},
+        # chapter 7: the step under torch.profiler trains one group (it keeps every event in
+        # memory), and the all-position-logits pass takes one group too ([8, L, vocab] fp32 logits
+        # and their gradient; the whole batch's raised the kernel by 7.6 GiB)
+        prof_trace_step={"per_step_completions": 8, "generation_batch_size": None},
+        prof_logits_completions=8,
+        extra={},
+    ),
+}
+
+
+
+def _binder_profile(full: Profile) -> Profile:
+    """The full profile's lessons within a free Binder session's 2 GB (aiming at a peak RSS of
+    at most 1.8 GiB per chapter, measured by ``bench/memory.py``): the same recipe and warm start, with
+    activation checkpointing in the training passes (the course trainer's and TRL's; TRL's weights
+    in bf16 where the CPU has it, and its step's completions through the model two at a time),
+    smaller sampling and evaluation batches, fewer held-out problems (the intervals say so), no
+    2-process run (two more copies of the model do not fit), a shorter step under torch.profiler
+    and no full fine-tuning run in chapter 7 (its AdamW state alone is ~1.6 GiB), and the
+    low-memory mode (:func:`grpo_course.memory.use_low_memory`)."""
+    return replace(
+        full, name="binder",
+        eval=EvalConfig(n=128, batch_size=8, max_new_tokens=200),
+        grpo=replace(full.grpo, per_step_completions=8, generation_batch_size=16,
+                     gradient_checkpointing=True),
+        reward_prompts=4, pass_k_prompts=4,
+        quant_eval_n=48, quant_policy_steps=4, prof_copy_mib=128,
+        prof_trace_step={"num_generations": 2, "per_step_completions": 2, "max_completion_length": 8,
+                         "generation_batch_size": None},
+        prof_full_finetune=False, prof_logits_completions=2,
+        trl_eval_n=128, trl_ddp_steps=0, trl_dtype="auto", trl_micro_batch=2,
+        short_per_step_completions=4,
+        low_memory=True)
+
+
+PROFILES["binder"] = _binder_profile(PROFILES["full"])
+
+
+def get_profile(name: str | None = None) -> Profile:
+    """The profile named ``name``, else ``$GRPO_COURSE_PROFILE``, else ``binder`` on a machine
+    (or container) with less than 4 GiB of memory (saying so once), else ``full``."""
+    name = name or os.environ.get(PROFILE_ENV) or _default_profile_name()
+    name = name.strip().lower()
+    if name not in PROFILES:
+        raise ConfigError(
+            f"unknown profile {name!r} (from ${PROFILE_ENV} or the argument); "
+            f"choose one of {', '.join(PROFILE_NAMES)}")
+    return PROFILES[name]
+
+
+@lru_cache(maxsize=1)
+def _default_profile_name() -> str:
+    """``full``, or ``binder`` where the memory limit is under 4 GiB (printed once)."""
+    from .memory import SMALL_MACHINE_BYTES, memory_limit_bytes
+
+    limit = memory_limit_bytes()
+    if limit >= SMALL_MACHINE_BYTES:
+        return "full"
+    print(f"This machine gives {limit / 2**30:.1f} GiB of memory (less than "
+          f"{SMALL_MACHINE_BYTES / 2**30:.0f} GiB), so the course uses the binder profile, made to fit "
+          f"2 GB; set {PROFILE_ENV}=full to override.")
+    return "binder"

@@ -1,0 +1,491 @@
+"""Held-out GSM8K evaluation: greedy answers, accuracy, format rate, 95 % intervals.
+
+CLI::
+
+    python -m grpo_course.evaluate --model smollm2-135m-instruct --split test --n 200 --json
+
+A run folder of :mod:`grpo_course.train` as ``--model`` (or ``--compare``) also prints the config
+it was trained with (under ``run_configs`` with ``--json``).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import textwrap
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from .answers import answers_match  # the course's one correctness rule (also the rewards')
+from .atomic import atomic_write, write_json_atomic
+from .config import RUN_CONFIG_FILE, SAMPLING_DTYPES, ConfigError, load_run_config
+from .data import STRATA, SYSTEM_PROMPT, chat_prompt, extract_hash_answer, load_gsm8k
+from .errors import OneLineArgumentParser, report
+from .fingerprint import code_fingerprint
+from .rewards import computed_results
+from .stats import linear_trend, mcnemar_test, wilson_interval  # noqa: F401 (chapters import them here too)
+
+
+def work_consistent(completion: str) -> bool | None:
+    """Does the final ``####`` answer equal the result of the last ``... = c`` in the work?
+
+    ``None`` when there is no final answer or the work shows no computation.
+    """
+    answer = extract_hash_answer(completion)
+    if answer is None:
+        return None
+    results = computed_results(completion)
+    if not results:
+        return None
+    return answers_match(results[-1], answer)
+
+
+@dataclass
+class EvalResult:
+    """Summary and per-problem records of one evaluation."""
+
+    n: int
+    correct: int
+    formatted: int
+    records: list[dict[str, Any]] = field(repr=False, default_factory=list)
+    seconds: float = 0.0
+    model: str = ""
+    cached: bool = False        # records reused from an identical earlier run (see evaluate_model)
+
+    @classmethod
+    def from_records(cls, records: list[dict[str, Any]], seconds: float = 0.0, model: str = "",
+                     cached: bool = False) -> EvalResult:
+        """Counts from per-problem records (each with ``correct`` and ``formatted``)."""
+        return cls(n=len(records), correct=sum(r["correct"] for r in records),
+                   formatted=sum(r["formatted"] for r in records), records=records,
+                   seconds=seconds, model=model, cached=cached)
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.n if self.n else 0.0
+
+    @property
+    def format_rate(self) -> float:
+        return self.formatted / self.n if self.n else 0.0
+
+    @property
+    def accuracy_ci95(self) -> tuple[float, float]:
+        return wilson_interval(self.correct, self.n)
+
+    @property
+    def format_ci95(self) -> tuple[float, float]:
+        return wilson_interval(self.formatted, self.n)
+
+    def by_stratum(self) -> dict[str, dict[str, Any]]:
+        """Accuracy and format rate per difficulty stratum, with n and intervals."""
+        out: dict[str, dict[str, Any]] = {}
+        for stratum in STRATA:
+            rows = [r for r in self.records if r.get("difficulty") == stratum]
+            k = sum(r["correct"] for r in rows)
+            f = sum(r["formatted"] for r in rows)
+            out[stratum] = {"n": len(rows), "accuracy": k / len(rows) if rows else 0.0,
+                            "accuracy_ci95": wilson_interval(k, len(rows)),
+                            "format_rate": f / len(rows) if rows else 0.0}
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        lengths = [r["completion_tokens"] for r in self.records]
+        judged = [r["consistent"] for r in self.records if r.get("consistent") is not None]
+        return {"model": self.model, "n": self.n, "accuracy": self.accuracy,
+                "answer_work_consistency": sum(judged) / len(judged) if judged else None,
+                "n_consistency_judged": len(judged),
+                "accuracy_ci95": list(self.accuracy_ci95), "format_rate": self.format_rate,
+                "format_ci95": list(self.format_ci95),
+                "mean_completion_tokens": sum(lengths) / len(lengths) if lengths else 0.0,
+                "cached": self.cached,
+                "by_stratum": self.by_stratum(), "seconds": round(self.seconds, 2)}
+
+
+def weights_fingerprint(model) -> str:
+    """A hash of every tensor in ``model.state_dict()`` (names, dtypes, shapes and bytes)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in model.state_dict().items():
+        t = tensor.detach().contiguous()
+        digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def _cache_file(key: dict[str, Any]) -> Path:
+    from .models import cache_dir
+
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return cache_dir() / "evals" / f"{name}.json"
+
+
+#: Problems decoded (and cached) together: an evaluation runs over consecutive blocks of this many
+#: rows, each sorted by prompt length and batched on its own. Records therefore do not depend on
+#: how many rows follow, and an evaluation of the first 128 problems reuses the cached blocks of one
+#: of the first 512 (chapter 4 reuses chapter 3's warm-start evaluation this way).
+EVAL_BLOCK = 64
+
+
+#: the modules whose code decides an evaluation's records (decoding, prompts, answer checking,
+#: scoring): a change to any of them is a new cache entry
+EVAL_MODULES = ("grpo_course.evaluate", "grpo_course.sampling", "grpo_course.data",
+                "grpo_course.answers", "grpo_course.rewards")
+
+
+def _read_cached(path: Path) -> dict[str, Any] | None:
+    """The stored evaluation at ``path``, or ``None`` when there is none or it cannot be read
+    (cut short by a full disk, say: then it is decoded again and rewritten, with one line)."""
+    if not path.exists():
+        return None
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(stored["records"], list) and isinstance(stored["seconds"], (int, float)):
+            return stored
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    print(f"evaluation cache: {path} is unreadable; decoding these problems again")
+    return None
+
+
+def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_tokens: int = 256,
+                   system_prompt: str = SYSTEM_PROMPT, progress: bool = True,
+                   name: str = "", sampling_dtype: str | None = "auto",
+                   cache: bool = False) -> EvalResult:
+    """Greedy-decode every problem of ``dataset`` (from :func:`load_gsm8k`) and score it.
+
+    Rows are decoded in blocks of :data:`EVAL_BLOCK`, batched by prompt length within a block
+    (less padding); records keep dataset order. ``sampling_dtype`` is the decoder's weight
+    precision (``"auto"``: bf16 on CPUs with native bf16, see
+    :func:`~grpo_course.sampling.resolve_sampling_dtype`; ``None`` or ``"float32"``: the model's
+    own). Greedy decoding is deterministic, so with ``cache=True`` each block's records are stored
+    under ``cache_dir()/evals`` and reused when the weights (their fingerprint), the block's
+    prompts and the decoding settings are all identical; ``cached`` is true when every block was.
+    """
+    from tqdm.auto import tqdm
+
+    from .sampling import sampler_dtype
+
+    if batch_size <= 0 or max_new_tokens <= 0:
+        raise ValueError("batch_size and max_new_tokens must be positive")
+    rows = list(dataset)
+    prompts = [chat_prompt(r["question"], tokenizer, system_prompt) for r in rows]
+    dtype = sampler_dtype(model, sampling_dtype)
+    fingerprint = weights_fingerprint(model) if cache else None
+    code = code_fingerprint(*EVAL_MODULES) if cache else None
+    records: list[dict[str, Any]] = []
+    seconds, all_cached = 0.0, True
+    bar = tqdm(total=len(rows), desc="evaluate", disable=not progress)
+    for lo in range(0, len(rows), EVAL_BLOCK):
+        block, block_prompts = rows[lo:lo + EVAL_BLOCK], prompts[lo:lo + EVAL_BLOCK]
+        path = None
+        if cache:
+            key = {"weights": fingerprint, "prompts": block_prompts,
+                   "gold": [r["answer"] for r in block], "batch_size": batch_size,
+                   "max_new_tokens": max_new_tokens, "dtype": str(dtype),
+                   "code": code}
+            path = _cache_file(key)
+            stored = _read_cached(path)
+            if stored is not None:
+                records += stored["records"]
+                seconds += stored["seconds"]
+                bar.update(len(block))
+                continue
+        start = time.perf_counter()
+        done = _decode_block(model, tokenizer, block, block_prompts, lo, batch_size,
+                             max_new_tokens, dtype, bar)
+        spent = time.perf_counter() - start
+        if path is not None:
+            write_json_atomic(path, {"key": {k: v for k, v in key.items() if k != "prompts"},
+                                     "seconds": spent, "records": done})
+        records += done
+        seconds += spent
+        all_cached = False
+    bar.close()
+    return EvalResult.from_records(records, seconds, name, cached=cache and all_cached and bool(rows))
+
+
+def _decode_block(model, tokenizer, rows, prompts, first: int, batch_size: int,
+                  max_new_tokens: int, dtype, bar) -> list[dict[str, Any]]:
+    """Greedy answers and scores of one block of rows (``first``: the block's first row in the
+    data set, the ``idx`` of rows without one), in the rows' order."""
+    from .sampling import sample_completions
+
+    order = sorted(range(len(rows)), key=lambda i: len(prompts[i]))
+    records: list[dict[str, Any] | None] = [None] * len(rows)
+    for lo in range(0, len(order), batch_size):
+        chunk = order[lo:lo + batch_size]
+        batch = sample_completions(model, tokenizer, [prompts[i] for i in chunk],
+                                   num_generations=1, max_new_tokens=max_new_tokens,
+                                   temperature=0.0, sampling_dtype=dtype)
+        lengths = batch.completion_lengths.tolist()
+        for j, i in enumerate(chunk):
+            row, text = rows[i], batch.completions[j]
+            predicted = extract_hash_answer(text)
+            records[i] = {"idx": row.get("idx", first + i), "difficulty": row.get("difficulty"),
+                          "num_steps": row.get("num_steps"), "gold": row["answer"],
+                          "predicted": predicted, "formatted": predicted is not None,
+                          "correct": answers_match(predicted, row["answer"]),
+                          "consistent": work_consistent(text),
+                          "completion_tokens": int(lengths[j]), "completion": text}
+        bar.update(len(chunk))
+    return [r for r in records if r is not None]
+
+
+def evaluate(model_name: str, split: str = "test", n: int = 200, offset: int = 0,
+             data_dir: str | None = None, batch_size: int = 32, max_new_tokens: int = 256,
+             progress: bool = True, sampling_dtype: str | None = "auto") -> EvalResult:
+    """Load ``model_name`` (bundled name, folder or hub id) and evaluate it on
+    ``n`` problems of ``split`` starting at row ``offset``."""
+    from .models import load_model
+
+    dataset = load_gsm8k(split, data_dir=data_dir, limit=n, offset=offset)
+    if len(dataset) == 0:
+        raise ValueError(f"no GSM8K {split} problems to evaluate from row {offset} on: the file is "
+                         f"empty or --offset is past its end")
+    model, tokenizer = load_model(model_name)
+    return evaluate_model(model, tokenizer, dataset, batch_size=batch_size,
+                          max_new_tokens=max_new_tokens, progress=progress, name=model_name,
+                          sampling_dtype=sampling_dtype)
+
+
+def compare(a: EvalResult, b: EvalResult) -> dict[str, Any]:
+    """Paired comparison of two evaluations of the same problems (B minus A)."""
+    if [r["idx"] for r in a.records] != [r["idx"] for r in b.records]:
+        raise ValueError("the two evaluations are not on the same problems")
+    test = mcnemar_test([r["correct"] for r in a.records], [r["correct"] for r in b.records])
+    return {"accuracy_a": a.accuracy, "accuracy_b": b.accuracy,
+            "difference": b.accuracy - a.accuracy, "mcnemar": test}
+
+
+def paired_verdict(a: EvalResult, b: EvalResult, name_a: str, name_b: str,
+                   alpha: float = 0.05) -> str:
+    """One computed sentence on two evaluations of the same problems: both accuracies with
+    95 % intervals, whether the intervals overlap, the discordant counts and McNemar's p."""
+    test = compare(a, b)["mcnemar"]
+    (alo, ahi), (blo, bhi) = a.accuracy_ci95, b.accuracy_ci95
+    overlap = max(alo, blo) <= min(ahi, bhi)
+    text = (f"{name_a} {100 * a.accuracy:.1f} % [{100 * alo:.1f}, {100 * ahi:.1f}] and {name_b} "
+            f"{100 * b.accuracy:.1f} % [{100 * blo:.1f}, {100 * bhi:.1f}] on the same {a.n} problems; "
+            f"the intervals {'overlap' if overlap else 'do not overlap'}. {test['a_only']} problems "
+            f"only {name_a} solved and {test['b_only']} only {name_b} (McNemar p = "
+            f"{test['p_value']:.2f}): ")
+    if test["p_value"] < alpha:
+        better = name_b if test["b_only"] > test["a_only"] else name_a
+        return text + f"{better} is better, beyond what chance explains at this n."
+    return text + "a difference this test cannot tell from chance at this n."
+
+
+def attribution_table(results: dict[str, EvalResult]) -> list[dict[str, Any]]:
+    """One row per evaluated model (same problems): accuracy and format with 95 % intervals,
+    answer-work consistency, mean completion length, and accuracy per difficulty stratum."""
+    rows = []
+    for name, r in results.items():
+        s = r.summary()
+        row = {"model": name, "n": r.n, "accuracy %": 100 * r.accuracy,
+               "accuracy 95% CI": "{:.1f}-{:.1f}".format(*(100 * x for x in r.accuracy_ci95)),
+               "format %": 100 * r.format_rate,
+               "consistency %": None if s["answer_work_consistency"] is None
+               else 100 * s["answer_work_consistency"],
+               "mean tokens": s["mean_completion_tokens"]}
+        for stratum, v in r.by_stratum().items():
+            row[f"{stratum} % (n={v['n']})"] = 100 * v["accuracy"]
+        rows.append(row)
+    return rows
+
+
+def _sampled_blocks(model, tokenizer, rows: list, k: int, max_new_tokens: int, temperature: float,
+                    seed: int, batch_prompts: int, sampling_dtype, desc: str, progress: bool):
+    """``(chunk, completions)`` for blocks of ``batch_prompts`` problems: ``k`` samples of each,
+    the block starting at problem ``lo`` drawn with seed ``seed + lo``."""
+    from tqdm.auto import tqdm
+
+    from .sampling import sample_completions
+
+    for lo in tqdm(range(0, len(rows), batch_prompts), desc=desc, disable=not progress):
+        chunk = rows[lo:lo + batch_prompts]
+        batch = sample_completions(model, tokenizer, [chat_prompt(r["question"], tokenizer)
+                                                      for r in chunk], k, max_new_tokens,
+                                   temperature, seed=seed + lo, sampling_dtype=sampling_dtype)
+        yield chunk, batch.completions
+
+
+def pass_at_k(model, tokenizer, dataset, k: int, max_new_tokens: int, temperature: float = 1.0,
+              seed: int = 0, batch_prompts: int = 4, sampling_dtype: str | None = "auto",
+              progress: bool = True) -> dict[str, Any]:
+    """pass@k: the share of problems with at least one correct answer among ``k`` samples
+    (the chance that a GRPO group of G = k holds a correct completion), with its interval."""
+    solved = []
+    for chunk, texts in _sampled_blocks(model, tokenizer, list(dataset), k, max_new_tokens,
+                                        temperature, seed, batch_prompts, sampling_dtype,
+                                        f"pass@{k}", progress):
+        for j, r in enumerate(chunk):
+            solved.append(any(answers_match(extract_hash_answer(t), r["answer"])
+                              for t in texts[j * k:(j + 1) * k]))
+    hits = sum(solved)
+    return {"n": len(solved), "k": k, "pass_at_k": hits / len(solved) if solved else 0.0,
+            "ci95": wilson_interval(hits, len(solved)), "solved": solved}
+
+
+def sampled_rewards(model, tokenizer, dataset, k: int, max_new_tokens: int,
+                    reward_weights: dict[str, float], temperature: float = 1.0, seed: int = 0,
+                    batch_prompts: int = 4, sampling_dtype: str | None = "auto",
+                    reward_funcs: dict | None = None, progress: bool = True) -> dict[str, Any]:
+    """The policy's weighted training reward on fixed prompts: ``k`` samples per problem of
+    ``dataset``, scored with ``reward_weights`` (the course's rewards, or ``reward_funcs``), and
+    each problem's mean. Two models scored on the same problems give a paired test of whether
+    training moved the reward, free of which prompts a training step happened to draw."""
+    from .rewards import REWARD_FUNCTIONS
+    from .train import score_groups
+
+    funcs = reward_funcs or {n: REWARD_FUNCTIONS[n] for n in reward_weights}
+    per_prompt: list[float] = []
+    for chunk, texts in _sampled_blocks(model, tokenizer, list(dataset), k, max_new_tokens,
+                                        temperature, seed, batch_prompts, sampling_dtype,
+                                        f"reward of {k} samples", progress):
+        columns = {c: [r[c] for r in chunk] for c in chunk[0]}
+        weighted, _ = score_groups(texts, columns, funcs, reward_weights, k)
+        per_prompt += weighted.view(len(chunk), k).mean(1).tolist()
+    return {"n": len(per_prompt), "k": k, "per_prompt": per_prompt,
+            "mean": sum(per_prompt) / len(per_prompt) if per_prompt else float("nan")}
+
+
+def write_csv(result: EvalResult, path: str) -> None:
+    """Per-problem records as CSV (written atomically)."""
+    keys = list(result.records[0]) if result.records else ["idx"]
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(result.records)
+    atomic_write(path, write)
+
+
+def run_configs(names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The saved config (``config.yaml`` of :mod:`grpo_course.train`) of each name that is a
+    run folder holding one; an unreadable one is reported as ``{"error": ...}``."""
+    configs = {}
+    for name in names:
+        try:
+            config = load_run_config(name) if Path(name).is_dir() else None
+        except ConfigError as exc:
+            config = {"error": str(exc)}
+        if config is not None:
+            configs[name] = {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()}
+    return configs
+
+# ---------------------------------------------------------------- ask the models
+def adapter_state(model) -> dict[str, torch.Tensor]:
+    """A copy of ``model``'s trainable (LoRA) weights, to put back with :func:`answers_side_by_side`."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict | None],
+                         gold: str | None = None, solution: str | None = None,
+                         max_new_tokens: int = 200) -> list[dict[str, Any]]:
+    """Greedy answers to one ``question`` from one LoRA model under several adapter ``states``
+    (name -> :func:`adapter_state`, or ``None`` for the base model: adapter switched off), with
+    each answer's rewards against ``gold``. The model's own weights are put back afterwards."""
+    import contextlib
+
+    from .rewards import score_completions
+    from .sampling import sample_completions
+
+    current = adapter_state(model)
+    params = dict(model.named_parameters())
+    rows = []
+    try:
+        for name, state in states.items():
+            with torch.no_grad():
+                for key, value in (state or current).items():
+                    params[key].copy_(value)
+            off = model.disable_adapter() if state is None and hasattr(model, "disable_adapter") \
+                else contextlib.nullcontext()
+            with off:
+                text = sample_completions(model, tokenizer, [chat_prompt(question, tokenizer)], 1,
+                                          max_new_tokens, temperature=0.0).completions[0]
+            row = {"model": name, "answer": extract_hash_answer(text), "completion": text}
+            if gold is not None:
+                names = ["correctness", "exact_format", "number_extraction"] + \
+                    (["intermediate_results"] if solution is not None else [])
+                scores = score_completions([text], [gold], names,
+                                           solutions=None if solution is None else [solution])
+                row.update({k: v[0] for k, v in scores.items()})
+            rows.append(row)
+    finally:
+        with torch.no_grad():
+            for key, value in current.items():
+                params[key].copy_(value)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = OneLineArgumentParser(prog="python -m grpo_course.evaluate",
+                                     description="Greedy GSM8K evaluation with 95 % intervals.")
+    parser.add_argument("--model", default="smollm2-135m-instruct",
+                        help="bundled name, a model/adapter folder, or a hub id")
+    parser.add_argument("--split", default="test", choices=["train", "test"])
+    parser.add_argument("--n", type=int, default=200, help="number of problems")
+    parser.add_argument("--offset", type=int, default=0, help="first problem (row number)")
+    parser.add_argument("--data-dir", default=None, help="GSM8K folder (else $GSM8K_DIR, else hub)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--sampling-dtype", default="auto", choices=SAMPLING_DTYPES,
+                        help="decoder weight precision (auto: bf16 on CPUs with native bf16)")
+    parser.add_argument("--csv", default=None, help="write per-problem records here")
+    parser.add_argument("--compare", default=None, metavar="OTHER",
+                        help="also evaluate OTHER on the same problems and test the difference "
+                             "(paired, exact McNemar)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    for flag, value, low in (("--n", args.n, 1), ("--offset", args.offset, 0),
+                             ("--batch-size", args.batch_size, 1),
+                             ("--max-new-tokens", args.max_new_tokens, 1)):
+        if value < low:
+            parser.error(f"{flag} must be >= {low}; got {value}")
+    if args.csv and (Path(args.csv).is_dir() or not Path(args.csv).parent.is_dir()):
+        parser.error(f"--csv {args.csv!r} must name a file in an existing folder")
+    names = [args.model] + ([args.compare] if args.compare else [])
+    results = []
+    try:
+        from .models import quiet_loading
+        quiet_loading()
+        for name in names:
+            results.append(evaluate(name, args.split, args.n, args.offset, args.data_dir,
+                                    args.batch_size, args.max_new_tokens, progress=not args.json,
+                                    sampling_dtype=args.sampling_dtype))
+        if args.csv:
+            write_csv(results[0], args.csv)
+    except (ValueError, RuntimeError, OSError) as exc:   # CourseError: data, model, config
+        return report(exc)
+    summary = results[0].summary()
+    if args.compare:
+        summary["compare"] = {"other": results[1].summary(), **compare(results[0], results[1])}
+    configs = run_configs(names)
+    if args.json:
+        summary["run_configs"] = configs        # {run folder: the config it was trained with}
+        print(json.dumps(summary))
+        return 0
+    for name, config in configs.items():
+        print(f"{name} was trained with ({Path(name) / RUN_CONFIG_FILE}):")
+        print(textwrap.indent(yaml.safe_dump(config, sort_keys=False), "  "), end="")
+    for result in results:
+        lo, hi = result.accuracy_ci95
+        print(f"{result.model}: accuracy {result.accuracy:.1%} (95% CI {lo:.1%}-{hi:.1%}), "
+              f"format {result.format_rate:.1%}, n={result.n}, {result.seconds:.0f} s")
+    if args.compare:
+        test = summary["compare"]["mcnemar"]
+        print(f"{args.compare} - {args.model}: {summary['compare']['difference']:+.1%} "
+              f"(McNemar exact p = {test['p_value']:.3g}; {test['b_only']} vs {test['a_only']} "
+              f"discordant problems)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

@@ -1,0 +1,47 @@
+"""What made a cached result: the code and the libraries behind it, as one short key.
+
+A cache that outlives the code that filled it hides every change to that code: a warm start
+trained by an older warm-up, an evaluation decoded by an older sampler. Each cache therefore
+puts :func:`code_fingerprint` of the modules that produce it into its key, beside its own inputs:
+the package version, a hash of those modules' source files, and the versions of torch,
+transformers, peft and trl. Editing any of those modules, or upgrading a library, starts a new
+entry instead of reusing an old one.
+"""
+from __future__ import annotations
+
+import hashlib
+from functools import cache
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+LIBRARIES = ("torch", "transformers", "peft", "trl")
+
+
+def library_versions() -> dict[str, str | None]:
+    """The installed versions of :data:`LIBRARIES` (``None`` where one is missing)."""
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+@cache
+def source_hash(*modules: str) -> str:
+    """A hash of the source files of ``modules`` (dotted names, e.g. ``"grpo_course.train"``)."""
+    digest = hashlib.sha256()
+    for name in sorted(set(modules)):
+        path = Path(import_module(name).__file__)
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:20]
+
+
+def code_fingerprint(*modules: str) -> dict[str, object]:
+    """The package version, :func:`source_hash` of ``modules`` and :func:`library_versions`:
+    the part of a cache key that says which code made the entry."""
+    from . import __version__
+    return {"package": __version__, "source": source_hash(*modules),
+            "libraries": library_versions()}

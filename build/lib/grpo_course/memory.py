@@ -1,0 +1,233 @@
+"""How much memory a chapter needs, and how much this machine gives.
+
+``bench/memory.py`` executes each chapter in a fresh kernel and records its peak resident memory
+(kernel and child processes, sampled) per profile in ``grpo_course/measurements/memory.json``. A notebook calls
+:func:`check_memory` before its heavy cells: where the measured peak of its chapter on the
+current profile exceeds what the machine (or its container, e.g. Binder's ~2 GB) allows, it says
+so before it starts instead of being killed half-way. :func:`memory_limit_bytes` is also what
+picks the ``binder`` profile automatically on small machines (:func:`grpo_course.config.get_profile`).
+"""
+from __future__ import annotations
+
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+#: The measurements of ``bench/memory.py``: ``{"results": {chapter: {profile: {...}}}}``.
+#: the measured peaks (package data, written by ``bench/memory.py``)
+MEMORY_FILE = Path(str(resources.files("grpo_course") / "measurements" / "memory.json"))
+#: Below this much memory the ``binder`` profile is chosen when none is named.
+SMALL_MACHINE_BYTES = 4 * 2**30
+#: Binder's per-session memory (mybinder.org gives "up to 2 GB") and the most a chapter may take
+#: on the ``binder`` profile, leaving room for the notebook server.
+BINDER_BYTES = 2 * 10**9
+CHAPTER_LIMIT_MIB = 1.8 * 1024
+
+_CGROUP_FILES = ("/sys/fs/cgroup/memory.max",                        # cgroup v2
+                 "/sys/fs/cgroup/memory/memory.limit_in_bytes")      # cgroup v1
+
+
+def cgroup_limit_bytes(files: tuple[str, ...] = _CGROUP_FILES) -> int | None:
+    """The container's memory limit (cgroup v2 or v1), or ``None`` where there is none."""
+    for name in files:
+        try:
+            text = Path(name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:     # "max" or a huge v1 value: no limit
+            return int(text)
+    return None
+
+
+def memory_limit_bytes() -> int:
+    """The memory this process can use at most: the machine's RAM or its container's limit,
+    whichever is smaller."""
+    import psutil
+
+    total = psutil.virtual_memory().total
+    limit = cgroup_limit_bytes()
+    return min(total, limit) if limit else total
+
+
+#: glibc's ``mallopt`` parameter number for the mmap threshold (malloc.h: ``M_MMAP_THRESHOLD``).
+M_MMAP_THRESHOLD = -3
+
+
+def return_freed_memory(threshold: int = 128 * 1024) -> bool:
+    """Make the C allocator hand blocks of ``threshold`` bytes or more back to the system as soon
+    as they are freed. By default glibc raises this threshold (up to 32 MiB) each time a large
+    block is freed; from then on tensors of a few MiB come from the heap, and the heap keeps what a
+    training step freed: the resident memory of a chapter grew by about 2 GiB that way, with
+    nothing alive in it. Fixing the threshold turns that raise off. Returns ``False`` where the C
+    library is not glibc (nothing changes there)."""
+    mallopt = _libc("mallopt")
+    return bool(mallopt and mallopt(M_MMAP_THRESHOLD, int(threshold)))
+
+
+def _libc(name: str):
+    """glibc's function ``name`` (``None`` off Linux or where the C library is not glibc)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL("libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
+#: Set by :func:`use_low_memory` (or ``GRPO_COURSE_LOW_MEMORY=1`` in the environment, which
+#: ``binder/start`` exports for every process of a Binder session).
+LOW_MEMORY_ENV = "GRPO_COURSE_LOW_MEMORY"
+_low_memory = False
+#: oneDNN's caches of compiled matrix-product kernels (and ideep's, which PyTorch's bf16 products go
+#: through) keep one entry per new shape, up to 1024 by default, and every GRPO step brings new
+#: lengths: six bench-sized steps (G=4, 8x128) reached 3979 MiB with the defaults and 3478 MiB
+#: capped at 64, at the same speed (5.29 vs 5.32 s/step). Importing ``grpo_course`` caps them
+#: (:func:`cap_kernel_caches`; environment variables read at oneDNN's first use, so a value set
+#: before stays; LRU_CACHE_CAPACITY=0 crashed the training pass here).
+ONEDNN_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
+
+
+def cap_kernel_caches() -> None:
+    """Cap oneDNN's kernel caches at :data:`ONEDNN_CACHES` in this process and the processes it
+    starts, unless the environment already sets them (it takes effect before oneDNN's first use)."""
+    for name, value in ONEDNN_CACHES.items():
+        os.environ.setdefault(name, value)
+
+
+def use_low_memory() -> bool:
+    """Trade a little speed for memory from now on, in this process (the ``binder`` profile's
+    ``low_memory``): freed blocks go back to the system at once (:func:`return_freed_memory`), the
+    trainers hand back their heap's free pages after every step (:func:`trim_heap`), the GRPO
+    training pass casts each frozen weight to bf16 as it uses it (no bf16 copy of the model), the
+    sampler keeps no second, re-ordered copy of its bf16 weights, and in a notebook what each cell
+    freed goes back after it (:func:`free_memory`). Child processes inherit the mode through the
+    environment. Returns whether the allocator part took effect (glibc only; the rest always
+    does)."""
+    global _low_memory
+    _low_memory = True
+    os.environ[LOW_MEMORY_ENV] = "1"              # processes started from here on inherit the mode
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")   # (glibc reads this one at start-up)
+    _free_after_every_cell()
+    return return_freed_memory()
+
+
+def _free_after_every_cell() -> bool:
+    """In IPython/Jupyter, run :func:`free_memory` after every cell (once registered, it stays):
+    what a cell freed goes back before the next cell starts. ``False`` outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    if shell is None:
+        return False
+    callbacks = shell.events.callbacks.get("post_run_cell", [])
+    if not any(getattr(cb, "__name__", "") == "_free_memory_after_cell" for cb in callbacks):
+        shell.events.register("post_run_cell", _free_memory_after_cell)
+    return True
+
+
+def _free_memory_after_cell(result=None) -> None:
+    free_memory()
+
+
+def low_memory() -> bool:
+    """Whether :func:`use_low_memory` is in effect (here or through ``$GRPO_COURSE_LOW_MEMORY``)."""
+    return _low_memory or os.environ.get(LOW_MEMORY_ENV, "") not in ("", "0")
+
+
+def trim_heap() -> int:
+    """In low-memory mode, hand the free pages inside glibc's heaps back to the system
+    (``malloc_trim``) and return how many bytes the resident memory fell; 0 otherwise. A training
+    step frees thousands of small blocks (under the mmap threshold) that stay in the heap between
+    live ones: measured on the binder profile, +10 MiB of resident memory per GRPO update that no
+    tensor used, flat with a trim after each update."""
+    if not low_memory():
+        return 0
+    trim = _libc("malloc_trim")
+    if trim is None:
+        return 0
+    import psutil
+
+    before = psutil.Process().memory_info().rss
+    trim(0)
+    return max(before - psutil.Process().memory_info().rss, 0)
+
+
+def free_memory() -> int:
+    """Collect Python's garbage now (a trainer and its model hold reference cycles, so ``del`` alone
+    does not free them), then :func:`trim_heap`; returns the bytes the resident memory fell by
+    (0 outside low-memory mode, where only the collection runs)."""
+    import gc
+
+    gc.collect()
+    return trim_heap()
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` and all its descendants now (0 once it is gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:      # exited between listing and reading
+            pass
+    return total
+
+
+def read_measurements(path: str | Path = MEMORY_FILE) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{chapter: {profile: {"peak_rss_mib", "wall_s", ...}}}`` from ``bench/memory.py``'s
+    file; empty when it has not been run."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8")).get("results", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def check_memory(chapter: str, profile: str, path: str | Path = MEMORY_FILE,
+                 limit_bytes: int | None = None) -> str:
+    """One sentence on whether ``chapter`` fits this machine on ``profile``, from its measured
+    peak (printed by the notebook before its heavy cells). It warns, naming the profile that
+    fits, when the measured peak is larger than the memory this machine gives. On a profile with
+    ``low_memory`` (binder) it first turns the low-memory mode on (:func:`use_low_memory`), and
+    says so."""
+    from .config import PROFILES
+
+    note = ""
+    if profile in PROFILES and PROFILES[profile].low_memory:
+        use_low_memory()
+        note = (" Low-memory mode is on: freed memory goes back to the system at once, the trainers "
+                "trim their heap after each step, the sampler keeps one copy of its weights.")
+    return _fits(chapter, profile, path, limit_bytes) + note
+
+
+def _fits(chapter: str, profile: str, path: str | Path, limit_bytes: int | None) -> str:
+    limit = memory_limit_bytes() if limit_bytes is None else limit_bytes
+    limit_gib = limit / 2**30
+    peaks = read_measurements(path).get(chapter, {})
+    peak = peaks.get(profile, {}).get("peak_rss_mib")
+    if peak is None:
+        return (f"This machine gives {limit_gib:.1f} GiB; the peak of {chapter} on the {profile} "
+                f"profile has not been measured here (python bench/memory.py).")
+    if peak * 2**20 <= limit:
+        return (f"This chapter peaked at {peak / 1024:.1f} GiB on the {profile} profile when "
+                f"measured; this machine gives {limit_gib:.1f} GiB: it fits.")
+    fits = sorted((p for p, m in peaks.items() if m.get("peak_rss_mib", 1e18) * 2**20 <= limit),
+                  key=lambda p: -peaks[p]["peak_rss_mib"])
+    advice = (f"set GRPO_COURSE_PROFILE={fits[0]} (measured {peaks[fits[0]]['peak_rss_mib'] / 1024:.1f} "
+              f"GiB) and restart the kernel" if fits else "no measured profile fits it")
+    return (f"WARNING: this chapter peaked at {peak / 1024:.1f} GiB on the {profile} profile, more "
+            f"than the {limit_gib:.1f} GiB this machine gives: the kernel would be killed part-way. "
+            f"{advice[0].upper()}{advice[1:]}.")

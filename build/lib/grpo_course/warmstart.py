@@ -1,0 +1,133 @@
+"""The shared warm start: the SFT-warmed LoRA adapter of a recipe, trained once and cached.
+
+Chapters 3-7 need a policy that already writes the ``#### N`` line (chapter 2: from the base
+model nearly every group ties). :func:`warm_start` trains the supervised warm-up of a
+:class:`~grpo_course.config.GRPOConfig` once and keeps the adapter under
+``cache_dir()/warm_start/<fingerprint>``, keyed by everything that changes its weights (model,
+SFT sizes and learning rate, LoRA shape, seed, data, the warm-up's resolved precision, and the
+code that trains it: :data:`WARM_MODULES`' source and the library versions, see
+:mod:`grpo_course.fingerprint`), so any chapter opened first pays for it once and the others
+load it in a second.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from .fingerprint import code_fingerprint
+
+WARM_FIELDS = ("model", "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_dtype",
+               "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "max_grad_norm",
+               "seed", "train_offset")
+STATE_FILE = "trainable.pt"
+#: the modules whose code decides the warm start's weights (the SFT loop, its log-probs, its
+#: precision, the prompts and targets it trains on, the model loading)
+WARM_MODULES = ("grpo_course.train", "grpo_course.grpo", "grpo_course.precision",
+                "grpo_course.data", "grpo_course.models", "grpo_course.warmstart")
+
+
+def warm_start_key(config, train_dataset) -> str:
+    """Fingerprint of the warm-up recipe: the fields that change its weights and the data."""
+    from .sampling import resolve_sampling_dtype
+
+    recipe = {f: getattr(config, f) for f in WARM_FIELDS}
+    recipe["sft_dtype"] = str(resolve_sampling_dtype(config.sft_dtype) or "float32")
+    recipe["lora_target_modules"] = list(recipe["lora_target_modules"])
+    recipe["rows"] = len(train_dataset)
+    recipe["first_question"] = train_dataset[0]["question"]
+    recipe["code"] = code_fingerprint(*WARM_MODULES)
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def warm_start(config, train_dataset, verbose: bool = True) -> Path:
+    """The folder of ``config``'s SFT-warmed adapter, trained now (with a progress bar) unless
+    an identical recipe was trained before. Loadable by :func:`~grpo_course.models.load_model`;
+    :meth:`~grpo_course.train.CourseTrainer.start_from` continues training from it."""
+    from .atomic import atomic_write
+    from .models import cache_dir, load_model
+    from .train import CourseTrainer
+
+    folder = cache_dir() / "warm_start" / warm_start_key(config, train_dataset)
+    if (folder / STATE_FILE).is_file():
+        if verbose:
+            print(f"warm start: reusing {config.sft_steps} SFT steps from {folder}")
+        return folder
+    if verbose:
+        print(f"warm start: training {config.sft_steps} SFT steps once; every chapter then "
+              f"reuses them from {folder}")
+    model, tokenizer = load_model(config.model)
+    trainer = CourseTrainer(model, tokenizer, dataclasses.replace(config, max_steps=0),
+                            train_dataset)
+    log = trainer.sft()
+
+    def write(tmp: Path) -> None:
+        trainer.save_model(tmp)
+        torch.save({n: p.detach().clone() for n, p in trainer.model.named_parameters()
+                    if p.requires_grad}, tmp / STATE_FILE)
+        (tmp / "sft_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    return atomic_write(folder, write, folder=True)
+
+
+def load_adapter_state(model, folder) -> None:
+    """Set ``model``'s trainable (LoRA) weights to those saved in the warm start ``folder``."""
+    state = torch.load(Path(folder) / STATE_FILE, weights_only=True)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value)
+
+
+def warm_policy(model, config, folder):
+    """``model`` with fresh LoRA adapters of ``config``'s shape set to the warm start's weights in
+    ``folder``: the policy a GRPO run starts from (its base weights stay as they are, fp32 for a
+    freshly loaded model), with activation checkpointing where ``config`` asks for it. Chapter 3's
+    own GRPO loop trains it."""
+    from .train import add_lora, enable_activation_checkpointing
+    policy = add_lora(model, config)
+    load_adapter_state(policy, folder)
+    if config.gradient_checkpointing:         # the binder profile: the loop's passes recompute
+        enable_activation_checkpointing(policy)   # activations (in train mode; sampling is eval)
+        policy.train()
+    return policy
+
+
+#: where :func:`trained_policy` keeps the policy it trains when chapter 3's is not cached
+POLICY_DIR = "policy"
+
+
+def trained_policy(profile, train_dataset) -> tuple[Path, str]:
+    """A GRPO-trained policy of ``profile``'s recipe and one sentence saying which: chapter 3's
+    (``runs_dir()/grpo``: its warm start and GRPO adapter, which
+    :func:`~grpo_course.models.load_model` merges) when chapter 3 ran on this profile; else the
+    same recipe trained now from the warm start for ``profile.quant_policy_steps`` steps, saved
+    under ``runs_dir()/policy`` and reused while its recipe and code are unchanged."""
+    from .models import runs_dir
+    from .train import CourseTrainer
+
+    chapter3 = runs_dir(profile.name) / "grpo"
+    if (chapter3 / "adapter_config.json").is_file():
+        return chapter3, "chapter 3's GRPO policy (its warm start and GRPO adapter, merged)"
+    config = dataclasses.replace(profile.grpo, max_steps=profile.quant_policy_steps)
+    sft_dir = warm_start(config, train_dataset)
+    key = f"{warm_start_key(config, train_dataset)}-{config.max_steps}"
+    folder = runs_dir(profile.name) / POLICY_DIR
+    steps = f"{config.max_steps} GRPO step{'s' if config.max_steps != 1 else ''}"
+    how = (f"chapter 3's recipe, trained here for {steps} from the warm start (chapter 3's "
+           f"policy is not in the cache; run chapter 3 for its longer run)")
+    if (folder / "adapter_config.json").is_file() and (folder / "policy_key.txt").is_file() \
+            and (folder / "policy_key.txt").read_text() == key:
+        return folder, how
+    from .atomic import write_text_atomic
+    from .models import load_model
+
+    (folder / "policy_key.txt").unlink(missing_ok=True)   # stale until the new policy is saved
+    model, tokenizer = load_model(config.model)
+    trainer = CourseTrainer(model, tokenizer, config, train_dataset).start_from(sft_dir)
+    trainer.train()
+    trainer.save_model(folder)
+    write_text_atomic(folder / "policy_key.txt", key)
+    return folder, how
