@@ -17,6 +17,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from . import hardware
 from .atomic import write_text_atomic
 from .errors import CourseError
 
@@ -421,8 +422,7 @@ FULL_GRPO_STEPS = {"native_bf16": 14, "fp32": 6}
 
 def full_grpo_steps() -> int:
     """The full profile's GRPO steps on this machine (:data:`FULL_GRPO_STEPS`)."""
-    from .hardware import native_bf16
-    return FULL_GRPO_STEPS["native_bf16" if native_bf16() else "fp32"]
+    return FULL_GRPO_STEPS["native_bf16" if hardware.native_bf16() else "fp32"]
 
 
 #: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),
@@ -525,12 +525,11 @@ def get_profile(name: str | None = None) -> Profile:
 @lru_cache(maxsize=1)
 def _default_profile_name() -> str:
     """``full``, or ``binder`` where the memory limit is under 4 GiB (printed once)."""
-    from .memory import SMALL_MACHINE_BYTES, memory_limit_bytes
 
-    limit = memory_limit_bytes()
-    if limit >= SMALL_MACHINE_BYTES:
+    limit = hardware.memory_limit_bytes()
+    if limit >= hardware.SMALL_MACHINE_BYTES:
         return "full"
     print(f"This machine gives {limit / 2**30:.1f} GiB of memory (less than "
-          f"{SMALL_MACHINE_BYTES / 2**30:.0f} GiB), so the course uses the binder profile, made to fit "
+          f"{hardware.SMALL_MACHINE_BYTES / 2**30:.0f} GiB), so the course uses the binder profile, made to fit "
           f"2 GB; set {PROFILE_ENV}=full to override.")
     return "binder"

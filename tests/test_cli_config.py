@@ -20,10 +20,10 @@ FIELDS = [f.name for f in dataclasses.fields(GRPOConfig)]
 @pytest.fixture
 def tiny_run(gsm8k_dir, tmp_path, monkeypatch):
     """``train.main`` on the conftest rows with a tiny model; records every sampling call."""
-    from grpo_course import models, train
+    from grpo_course import train
     monkeypatch.setenv("GSM8K_DIR", str(gsm8k_dir))
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
+    monkeypatch.setattr(train, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
     calls = []
     real = train.sample_completions
 
@@ -193,9 +193,9 @@ BAD_YAML = "num_generations: [4\n"
     (["--profile", "huge"], {}, "unknown profile 'huge'"),
 ])
 def test_bad_input_is_one_error_line(tmp_path, capsys, monkeypatch, args, files, match):
-    from grpo_course import models
+    from grpo_course import train
     from grpo_course.train import main
-    monkeypatch.setattr(models, "load_model", lambda name: pytest.fail("loaded a model"))
+    monkeypatch.setattr(train, "load_model", lambda name: pytest.fail("loaded a model"))
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     args = [a.replace("{dir}", str(tmp_path)) for a in args]

@@ -108,8 +108,8 @@ EVAL = ["--n", "2", "--max-new-tokens", "2", "--json"]
     (["--frobnicate"], ["--frobnicate"]),
 ])
 def test_evaluate_bad_options(args, values, tmp_path, capsys, monkeypatch):
-    from grpo_course import evaluate, models
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    from grpo_course import evaluate
+    monkeypatch.setattr(evaluate, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
     fill = lambda s: s.replace("{tmp}", str(tmp_path))   # noqa: E731
     with pytest.raises(SystemExit) as exit_:
         evaluate.main([*EVAL, *map(fill, args)])
@@ -125,8 +125,8 @@ def test_evaluate_bad_options(args, values, tmp_path, capsys, monkeypatch):
     ("missing", [], ["missing", "does not exist"]),
 ])
 def test_evaluate_bad_data(folder, args, values, folders, tmp_path, capsys, monkeypatch):
-    from grpo_course import evaluate, models
-    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    from grpo_course import evaluate
+    monkeypatch.setattr(evaluate, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
     data = folders.get(folder, tmp_path / folder)
     assert evaluate.main([*EVAL, "--data-dir", str(data), *args]) == 2
     one_line(capsys, *values)
@@ -155,10 +155,10 @@ def test_evaluate_corrupt_model_files(which, values, tiny_folders, folders, caps
 @pytest.fixture
 def train_main(folders, tmp_path, monkeypatch):
     """``train.main`` on the good rows, with the tiny model for any model name."""
-    from grpo_course import models, train
+    from grpo_course import train
     monkeypatch.setenv("GSM8K_DIR", str(folders["good"]))
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
+    monkeypatch.setattr(train, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
     return train.main
 
 
@@ -272,7 +272,7 @@ def test_train_names_the_broken_reward_function(reward, values, folders, tmp_pat
     fine = lambda completions, **kw: [0.0] * len(completions)   # noqa: E731
     monkeypatch.setattr(train, "_default_rewards", lambda weights: {n: fine for n in weights}
                         | {"broken": reward})
-    monkeypatch.setattr("grpo_course.models.load_model",
+    monkeypatch.setattr("grpo_course.train.load_model",
                         lambda name: (tiny_model(), tiny_tokenizer()))
     assert train.main([*SMOKE, "--max_completion_length", "4", "--out",
                        str(tmp_path / "run")]) == 2

@@ -258,10 +258,9 @@ def test_intermediate_results_resists_chapter_2_hacks():
 
 # ---------------------------------------------------------------- the shared warm start
 def test_warm_start_trains_once_and_start_from_loads_it(tmp_path, monkeypatch):
-    import grpo_course.models as models
     from grpo_course import warmstart
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path))
-    monkeypatch.setattr(models, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
+    monkeypatch.setattr(warmstart, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
     data = datasets.Dataset.from_list(ROWS)
     cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=6,
                      sft_steps=2, sft_batch_size=2, sft_learning_rate=5e-2, sft_dtype="float32",

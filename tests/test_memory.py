@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_course import config, memory
+from grpo_course import config, hardware, memory
 
 
 def test_cgroup_limit_reads_v2_and_v1_and_ignores_no_limit(tmp_path):
@@ -65,14 +65,14 @@ def test_check_memory_says_whether_the_chapter_fits(tmp_path):
 def test_small_machines_get_the_binder_profile(monkeypatch, capsys):
     monkeypatch.delenv(config.PROFILE_ENV, raising=False)
     config._default_profile_name.cache_clear()
-    monkeypatch.setattr(memory, "memory_limit_bytes", lambda: 2 * 10**9)
+    monkeypatch.setattr(hardware, "memory_limit_bytes", lambda: 2 * 10**9)
     try:
         assert config.get_profile().name == "binder"
         assert config.get_profile().name == "binder"
         said = capsys.readouterr().out
         assert said.count("binder profile") == 1 and "1.9 GiB" in said     # said once
         config._default_profile_name.cache_clear()
-        monkeypatch.setattr(memory, "memory_limit_bytes", lambda: 24 * 2**30)
+        monkeypatch.setattr(hardware, "memory_limit_bytes", lambda: 24 * 2**30)
         assert config.get_profile().name == "full" and capsys.readouterr().out == ""
     finally:
         config._default_profile_name.cache_clear()

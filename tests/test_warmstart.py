@@ -30,14 +30,12 @@ class FakeTrainer:
 
 @pytest.fixture
 def fake_training(monkeypatch, tmp_path):
-    import grpo_course.models as models
-    import grpo_course.train as train
 
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path))
     monkeypatch.setattr(warmstart, "warm_start", lambda config, data: tmp_path / "warm")
     monkeypatch.setattr(warmstart, "warm_start_key", lambda config, data: "key")
-    monkeypatch.setattr(models, "load_model", lambda name: (None, None))
-    monkeypatch.setattr(train, "CourseTrainer", FakeTrainer)
+    monkeypatch.setattr(warmstart, "load_model", lambda name: (None, None))
+    monkeypatch.setattr(warmstart, "CourseTrainer", FakeTrainer)
     FakeTrainer.runs = 0
     return tmp_path
 
