@@ -365,9 +365,9 @@ class Profile:
     prof_nocache_tokens: int = 32                     # budget of the KV-cache lever
     prof_trace_step: dict[str, Any] = field(default_factory=dict)   # GRPOConfig changes for the step
                                                       # torch.profiler records (it keeps every event in
-                                                      # memory: ~5 KiB each, ~200k for a 16-token step)
+                                                      # memory, thousands of events per step)
     prof_full_finetune: bool = True                   # time a full fine-tuning step beside LoRA (its
-                                                      # gradients and AdamW moments need ~1.6 GiB more)
+                                                      # gradients and AdamW moments of every weight)
     prof_logits_completions: int | None = None        # completions in the all-position-logits pass (None: all)
     # chapter 4 (TRL GRPOTrainer); the rest of the run uses ``grpo`` and ``eval``
     trl_max_steps: int = 16                           # optimizer steps of each trainer (smoke: 1)
@@ -397,8 +397,6 @@ class Profile:
     # memory: trade a little speed for memory (grpo_course.memory.use_low_memory: freed tensors go
     # back to the system at once, heaps trimmed after each step, one sampler weight copy; binder)
     low_memory: bool = False
-    # chapters 4-7 read their own entries from ``extra``
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def with_grpo(self, **changes: Any) -> Profile:
         return replace(self, grpo=replace(self.grpo, **changes))
@@ -449,7 +447,6 @@ PROFILES: dict[str, Profile] = {
         cl_eval_max_new_tokens=24, cl_fisher_prompts=2, cl_fisher_many_prompts=4, cl_nll_rows=4,
         cl_reward_samples=2,
         cl_sweep_lams=(0.0, 1e4, 1e6),
-        extra={},
     ),
     "full": Profile(
         name="full",
@@ -462,7 +459,8 @@ PROFILES: dict[str, Profile] = {
         # its held-out evaluation: FULL_GRPO_STEPS, more where the CPU has native bf16.
         # The training pass runs one group (8 completions) at a time: the same update, a quarter
         # of the activations; TRL passes 2 completions at a time (chapter 4, and 2 per process in
-        # its 2-process run), so that every chapter fits an 8 GB laptop (bench/memory.py).
+        # its 2-process run), so that every chapter fits an 8 GB laptop (bench/memory.py measures
+        # each chapter's peak).
         grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4,
                         max_steps=full_grpo_steps(),
                         num_generations=8, per_step_completions=32, learning_rate=3e-4,
@@ -473,11 +471,10 @@ PROFILES: dict[str, Profile] = {
         # so it samples one prompt a step with shorter completions
         loop_changes={"max_completion_length": 96},
         # chapter 7: the step under torch.profiler trains one group (it keeps every event in
-        # memory), and the all-position-logits pass takes one group too ([8, L, vocab] fp32 logits
-        # and their gradient; the whole batch's raised the kernel by 7.6 GiB)
+        # memory), and the all-position-logits pass takes half a group ([4, L, vocab] fp32 logits
+        # and their gradient, for the whole batch, are several GiB)
         prof_trace_step={"per_step_completions": 8, "generation_batch_size": None},
         prof_logits_completions=4,
-        extra={},
     ),
 }
 
@@ -490,7 +487,7 @@ def _binder_profile(full: Profile) -> Profile:
     in bf16 where the CPU has it, and its step's completions through the model two at a time),
     smaller sampling and evaluation batches, fewer held-out problems (the intervals say so), no
     2-process run (two more copies of the model do not fit), a shorter step under torch.profiler
-    and no full fine-tuning run in chapter 7 (its AdamW state alone is ~1.6 GiB), and the
+    and no full fine-tuning run in chapter 7 (AdamW's state for every weight), and the
     low-memory mode (:func:`grpo_course.memory.use_low_memory`)."""
     return replace(
         full, name="binder",

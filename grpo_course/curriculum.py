@@ -195,7 +195,7 @@ def fisher_diagonal(model, batches: Iterable[Mapping[str, torch.Tensor]],
     # no dropout: the Fisher of the deterministic policy. A model that recomputes its activations
     # in the backward pass (activation checkpointing: the binder profile) does so in train mode
     # only; where train mode drops nothing it is the same function, and each backward pass then
-    # holds one layer's activations instead of every layer's (~300 MiB less for the bundled model)
+    # holds one layer's activations instead of every layer's
     model.train(uses_activation_checkpointing(model) and not drops_anything(model))
     try:
         for batch in tqdm(batches, desc="fisher", disable=not progress):

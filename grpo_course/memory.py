@@ -60,8 +60,8 @@ LOW_MEMORY_ENV = "GRPO_COURSE_LOW_MEMORY"
 _low_memory = False
 #: oneDNN's caches of compiled matrix-product kernels (and ideep's, which PyTorch's bf16 products go
 #: through) keep one entry per new shape, up to 1024 by default, and every GRPO step brings new
-#: lengths: six bench-sized steps (G=4, 8x128) reached 3979 MiB with the defaults and 3478 MiB
-#: capped at 64, at the same speed (5.29 vs 5.32 s/step). Importing ``grpo_course`` caps them
+#: lengths, so the caches grow with every step; capped at 64 they hold far less at the same speed
+#: (``bench/throughput.py`` records the peak RSS of its steps). Importing ``grpo_course`` caps them
 #: (:func:`cap_kernel_caches`; environment variables read at oneDNN's first use, so a value set
 #: before stays; LRU_CACHE_CAPACITY=0 crashed the training pass here).
 ONEDNN_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}

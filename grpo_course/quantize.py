@@ -90,7 +90,7 @@ def quantize_torchao_int8(model: torch.nn.Module, inplace: bool = False) -> torc
 def quantized_copy(model: torch.nn.Module, convert) -> torch.nn.Module:
     """``convert`` (an in-place quantization) applied to a copy of ``model``; ``model`` is left
     as it was. The copy shares the original's ``nn.Linear`` weights until ``convert`` replaces
-    them by their int8 versions: a full fp32 copy of them (~400 MiB for the bundled model) would
+    them by their int8 versions: a full fp32 copy of them would
     live only to be thrown away. A Linear that ``convert`` leaves in fp32 gets its own copy of its
     weight afterwards, as do the embedding and a weight tied to it."""
     tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}

@@ -342,3 +342,24 @@ def test_throughput_train_micro_batch_sets_the_course_trainers_passes():
     assert bench.bench_config(4, 8, 128, "all").train_micro_batch is None  # the whole step
     assert bench.settings("all")["ours"]["train_micro_batch"] == bench.MICRO_BATCHES["all"]
     assert bench.settings()["ours"]["train_micro_batch"] == bench.MICRO_BATCHES["group"]
+
+
+# ---------------------------------------------------------------- the train CLI's errors
+@pytest.mark.parametrize("args,env,match", [
+    (["--max-steps", "-3"], {}, "max_steps"),
+    ([], {"GRPO_COURSE_PROFILE": "huge"}, "unknown profile"),
+])
+def test_train_cli_answers_bad_options_in_one_line(tmp_path, capsys, monkeypatch, args, env, match):
+    from grpo_course.train import main
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert main(["--out", str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and match in err[0]
+
+
+def test_train_cli_rejects_a_file_as_out(tmp_path, capsys):
+    from grpo_course.train import main
+    (tmp_path / "f").write_text("x")
+    assert main(["--profile", "smoke", "--out", str(tmp_path / "f")]) == 2
+    assert "is a file" in capsys.readouterr().err

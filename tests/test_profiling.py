@@ -73,6 +73,7 @@ def stand_in_step(model, tokenizer, optimizer, timer, G: int = 2, T: int = 6, se
     return float(loss)
 
 
+@pytest.mark.needs_model
 # ---------------------------------------------------------------- phase timer
 def test_phases_sum_to_step_time(tokenizer):
     model = tiny_llama(tokenizer)
@@ -98,6 +99,7 @@ def test_phases_sum_to_step_time(tokenizer):
     assert timer.counts["optimizer"] == 3
 
 
+@pytest.mark.needs_model
 def test_timer_does_not_change_training(tokenizer):
     results = []
     for timer in (NullTimer(), prof.PhaseTimer()):

@@ -274,3 +274,34 @@ def test_repeating_scoring_steps_pays_under_intermediate_results_but_not_grounde
     grounded = R.grounded_steps([plain, padded], solution=[solution] * 2)
     assert dense[1] == dense[0]
     assert grounded == pytest.approx([R.STEP_REWARD * 2 / 3, R.STEP_REWARD * 2 / 5])
+
+
+# ---------------------------------------------------------------- dense correctness
+SOLUTION = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+            "Natalia sold 48+24 = <<48+24=72>>72 clips altogether.\n#### 72")
+
+
+def test_intermediate_results_by_hand():
+    from grpo_course.data import solution_results
+    from grpo_course.rewards import intermediate_results
+    assert solution_results(SOLUTION) == ["24", "72"]
+    texts = ["48/2 = 24\n48+24 = 72\n#### 72",          # both steps: F1 1
+             "48/2 = 24\n48+2 = 50\n#### 50",            # first step only: 2*1/(2+2)
+             "48*2 = 96\n#### 96",                       # no step right
+             "no work at all\n#### 72"]                  # nothing computed: 0
+    assert intermediate_results(texts, solution=[SOLUTION] * 4) == pytest.approx(
+        [1.0, 0.5, 0.0, 0.0])
+    with pytest.raises(ValueError, match="solution"):
+        intermediate_results(texts)
+
+
+def test_intermediate_results_resists_chapter_2_hacks():
+    """The heuristic hack of chapter 2 computes nothing the solution computes; listing every
+    number costs precision: F1 stays small however many gold values the list hits."""
+    from grpo_course.rewards import heuristic, intermediate_results
+    hack = ("Step 1: 2 + 2 = 4\nStep 2: 4 * 3 = 12\nStep 3: 12 - 1 = 11\n"
+            "So the final result is clearly the number below.\n#### 11")
+    spam = "\n".join(f"x = {k}" for k in range(100)) + "\n#### 72"
+    h, s = intermediate_results([hack, spam], solution=[SOLUTION] * 2)
+    assert heuristic([hack])[0] == 2.0 and h == 0.0
+    assert s == pytest.approx(2 * 2 / (100 + 2)) and s < 0.05

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import datasets
 import pytest
+import torch
 
 from grpo_course import warmstart
-from grpo_course.config import get_profile
+from grpo_course.config import GRPOConfig, get_profile
+from grpo_course.train import CourseTrainer
+from tests.helpers import ADDITION_ROWS, tiny_model, tiny_tokenizer
 
 
 class FakeTrainer:
@@ -62,3 +66,31 @@ def test_otherwise_the_recipe_is_trained_once_and_reused(fake_training):
     changed = replace(profile, grpo=replace(profile.grpo, learning_rate=1e-3))          # GRPO field
     warmstart.trained_policy(changed, [])
     assert FakeTrainer.runs == 3
+
+
+# ---------------------------------------------------------------- the shared warm start
+def test_warm_start_trains_once_and_start_from_loads_it(tmp_path, monkeypatch):
+    from grpo_course import warmstart
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path))
+    monkeypatch.setattr(warmstart, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
+    data = datasets.Dataset.from_list(ADDITION_ROWS)
+    cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=6,
+                     sft_steps=2, sft_batch_size=2, sft_learning_rate=5e-2, sft_dtype="float32",
+                     lora_r=4, lora_alpha=8, lora_target_modules=("q_proj", "v_proj", "up_proj"))
+    folder = warmstart.warm_start(cfg, data)
+    assert folder.parent == tmp_path / "warm_start"
+    assert len((folder / "sft_log.jsonl").read_text().splitlines()) == 2
+    # the GRPO fields do not change the recipe's key; an SFT field does
+    assert warmstart.warm_start_key(cfg.__class__(**{**cfg.__dict__, "learning_rate": 1.0}), data) \
+        == folder.name
+    assert warmstart.warm_start_key(cfg.__class__(**{**cfg.__dict__, "sft_steps": 3}), data) \
+        != folder.name
+    with monkeypatch.context() as m:
+        m.setattr(CourseTrainer, "sft", lambda self, steps=None: pytest.fail("retrained"))
+        assert warmstart.warm_start(cfg, data) == folder          # reused, not retrained
+    trainer = CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, data).start_from(folder)
+    saved = torch.load(folder / warmstart.STATE_FILE, weights_only=True)
+    params = dict(trainer.model.named_parameters())
+    assert saved and all(torch.equal(params[n], v) for n, v in saved.items())
+    assert any(v.abs().sum() > 0 for n, v in saved.items() if "lora_B" in n)   # SFT moved B
+    assert trainer.sft_done == 2 and trainer.train(max_steps=0) == []        # straight to GRPO
