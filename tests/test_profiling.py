@@ -73,8 +73,8 @@ def stand_in_step(model, tokenizer, optimizer, timer, G: int = 2, T: int = 6, se
     return float(loss)
 
 
-@pytest.mark.needs_model
 # ---------------------------------------------------------------- phase timer
+@pytest.mark.needs_model
 def test_phases_sum_to_step_time(tokenizer):
     model = tiny_llama(tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
