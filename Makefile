@@ -31,7 +31,7 @@ help:
 	@echo "make assignments - student versions of the seven chapters (no solutions, graded checks) in _build/assignments/"
 	@echo "make bench  - throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json;"
 	@echo "              what whole GRPO recipes teach on held-out problems -> data/recipes.json;"
-	@echo "              each chapter's peak memory and minutes (binder, full) -> data/memory.json"
+	@echo "              each chapter's peak memory and minutes (binder, full) -> grpo_course/measurements/memory.json"
 
 install: $(STAMP)
 

@@ -10,7 +10,7 @@ is never written). While it runs, the resident memory of the kernel and every pr
 is the chapter's ``peak_rss_mib``; ``top_cells`` names the three code cells (by id) that raised the running
 peak the most, and ``cells`` lists every code cell's peak and its resident memory at its end:
 where to look when a chapter is over its limit. The results are merged into ``--out`` (default
-``data/memory.json``, written atomically after every pair, so an interrupted run keeps what it
+``grpo_course/measurements/memory.json``, package data, written atomically after every pair, so an interrupted run keeps what it
 measured and the notebooks' :func:`grpo_course.memory.check_memory` reads it). One JSON line
 with every measured pair, the limit of the ``binder`` profile (1.8 GiB per chapter) and the
 machine is printed at the end; progress goes to stderr.

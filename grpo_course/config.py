@@ -471,8 +471,8 @@ PROFILES: dict[str, Profile] = {
         # so it samples one prompt a step with shorter completions
         loop_changes={"max_completion_length": 96},
         # chapter 7: the step under torch.profiler trains one group (it keeps every event in
-        # memory), and the all-position-logits pass takes half a group ([4, L, vocab] fp32 logits
-        # and their gradient, for the whole batch, are several GiB)
+        # memory), and the all-position-logits pass takes half a group (the whole batch's
+        # [32, L, vocab] fp32 logits and their gradient are several GiB)
         prof_trace_step={"per_step_completions": 8, "generation_batch_size": None},
         prof_logits_completions=4,
     ),

@@ -1,4 +1,4 @@
-"""Sphinx extension: a ``{memory-table}`` directive that tables ``data/memory.json``.
+"""Sphinx extension: a ``{memory-table}`` directive that tables ``grpo_course/measurements/memory.json``.
 
 ``bench/memory.py`` executes every chapter in a fresh kernel per profile and records its peak
 resident memory and wall time there; this directive puts those measurements (not typed numbers)
@@ -32,7 +32,7 @@ class MemoryTable(Directive):
     has_content = False
 
     def run(self):
-        from grpo_course.memory import CHAPTER_LIMIT_MIB, MEMORY_FILE as path   # data/memory.json
+        from grpo_course.memory import CHAPTER_LIMIT_MIB, MEMORY_FILE as path
 
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
