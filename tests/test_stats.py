@@ -1,0 +1,85 @@
+"""grpo_course.stats: the intervals and tests behind every comparison in the book."""
+import math
+
+import pytest
+
+from grpo_course.stats import (
+    linear_trend,
+    mcnemar_test,
+    paired_difference,
+    t_quantile,
+    t_two_sided_p,
+    wilson_interval,
+)
+
+
+def test_wilson_interval_holds_the_proportion():
+    """0/n and n/n included: a bound past p by a rounding error broke chapter 3's error bars
+    (matplotlib refuses a negative bar length)."""
+    for n in range(1, 400):
+        for k in range(n + 1):
+            lo, hi = wilson_interval(k, n)
+            assert 0.0 <= lo <= k / n <= hi <= 1.0, (k, n)
+    assert wilson_interval(0, 11)[0] == 0.0 and wilson_interval(6, 6)[1] == 1.0
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson_interval(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    lo, hi = wilson_interval(0, 200)
+    assert lo == 0.0 and hi == pytest.approx(0.01885, abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_mcnemar_exact():
+    # 10 problems, B right on 6 where A wrong, A right on 0 where B wrong: p = 2 * 0.5**6
+    a = [False] * 6 + [True] * 2 + [False] * 2
+    b = [True] * 6 + [True] * 2 + [False] * 2
+    out = mcnemar_test(a, b)
+    assert out["b_only"] == 6 and out["a_only"] == 0
+    assert out["p_value"] == pytest.approx(2 * 0.5 ** 6)
+    assert mcnemar_test(a, a)["p_value"] == 1.0
+    with pytest.raises(ValueError):
+        mcnemar_test([True], [True, False])
+
+
+def test_linear_trend_recovers_a_known_slope():
+    exact = linear_trend([1.0 + 0.5 * i for i in range(10)])
+    assert exact["slope"] == pytest.approx(0.5) and exact["lo"] == pytest.approx(0.5)
+    noisy = linear_trend([0.1 * i + (-1) ** i for i in range(40)])
+    assert noisy["lo"] < 0.1 < noisy["hi"] and noisy["n"] == 40
+    flat = linear_trend([(-1) ** i for i in range(40)])
+    assert flat["lo"] < 0 < flat["hi"]
+    assert math.isnan(linear_trend([1.0, float("nan"), 2.0])["slope"])
+
+
+def test_paired_difference_has_an_interval_and_a_p_value():
+    same = paired_difference([0.1, 0.2, 0.3], [0.1, 0.2, 0.3])
+    assert same["difference"] == 0 and same["p_value"] == 1.0
+    up = paired_difference([0.0] * 50 + [0.5] * 50, [0.2] * 50 + [0.6] * 50)
+    assert up["difference"] == pytest.approx(0.15) and up["lo"] < 0.15 < up["hi"]
+    assert up["p_value"] < 1e-6
+    with pytest.raises(ValueError):
+        paired_difference([1.0], [1.0, 2.0])
+
+
+def test_student_t_matches_its_tables():
+    # two-sided 95 % critical values from any t table
+    for df, value in [(1, 12.706), (2, 4.303), (7, 2.365), (30, 2.042), (1000, 1.962)]:
+        assert t_quantile(df) == pytest.approx(value, abs=1e-3)
+    assert t_two_sided_p(0.0, 5) == pytest.approx(1.0)
+    assert t_two_sided_p(2.228, 10) == pytest.approx(0.05, abs=1e-3)
+    assert t_two_sided_p(float("inf"), 3) == 0.0
+    with pytest.raises(ValueError):
+        t_two_sided_p(1.0, 0)
+
+
+def test_a_few_pairs_get_the_wide_interval_they_deserve():
+    """8 problems: the t interval is 2.365 / 1.96 times the normal one, and its p-value larger."""
+    a, b = [0.0, 1.0, 0.5, 0.2, 0.9, 0.4, 0.3, 0.6], [0.3, 1.2, 0.4, 0.6, 1.3, 0.5, 0.9, 0.8]
+    out = paired_difference(a, b)
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    mean = sum(diffs) / 8
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 7 / 8)
+    assert out["hi"] - out["difference"] == pytest.approx(2.3646 * se, rel=1e-3)
+    assert out["p_value"] > math.erfc(mean / se / math.sqrt(2))
