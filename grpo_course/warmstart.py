@@ -17,9 +17,11 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from .atomic import atomic_write, write_text_atomic
-from .fingerprint import code_fingerprint
+from .config import config_to_dict, load_run_config
+from .fingerprint import code_fingerprint, data_hash
 from .models import cache_dir, load_model, runs_dir
 from .sampling import resolve_sampling_dtype
 from .train import (  # noqa: F401 (STATE_FILE, load_adapter_state: chapters import them here)
@@ -37,6 +39,9 @@ WARM_FIELDS = ("model", "sft_steps", "sft_batch_size", "sft_learning_rate", "sft
 #: precision, the prompts and targets it trains on, the model loading)
 WARM_MODULES = ("grpo_course.train", "grpo_course.grpo", "grpo_course.precision",
                 "grpo_course.data", "grpo_course.models", "grpo_course.warmstart")
+#: ... and those that decide a GRPO policy's weights on top (its sampler and its rewards)
+POLICY_MODULES = (*WARM_MODULES, "grpo_course.sampling", "grpo_course.rewards",
+                  "grpo_course.answers", "grpo_course.arithmetic")
 
 
 def warm_start_key(config, train_dataset) -> str:
@@ -45,8 +50,7 @@ def warm_start_key(config, train_dataset) -> str:
     recipe = {f: getattr(config, f) for f in WARM_FIELDS}
     recipe["sft_dtype"] = str(resolve_sampling_dtype(config.sft_dtype) or "float32")
     recipe["lora_target_modules"] = list(recipe["lora_target_modules"])
-    recipe["rows"] = len(train_dataset)
-    recipe["first_question"] = train_dataset[0]["question"]
+    recipe["data"] = data_hash(train_dataset)
     recipe["code"] = code_fingerprint(*WARM_MODULES)
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -58,9 +62,12 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
 
     folder = cache_dir() / "warm_start" / warm_start_key(config, train_dataset)
     if (folder / STATE_FILE).is_file():
-        if verbose:
-            print(f"warm start: reusing {config.sft_steps} SFT steps from {folder}")
-        return folder
+        broken = unloadable(folder / STATE_FILE)
+        if broken is None:
+            if verbose:
+                print(f"warm start: reusing {config.sft_steps} SFT steps from {folder}")
+            return folder
+        print(f"warm start: {folder / STATE_FILE} does not load ({broken}); training it again")
     if verbose:
         print(f"warm start: training {config.sft_steps} SFT steps once; every chapter then "
               f"reuses them from {folder}")
@@ -75,6 +82,19 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
                     if p.requires_grad}, tmp / STATE_FILE)
         (tmp / "sft_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     return atomic_write(folder, write, folder=True)
+
+
+def unloadable(path: Path) -> str | None:
+    """Why the weights file ``path`` (``.pt`` or ``.safetensors``) does not load, or ``None`` when
+    it does: a cache that a full disk or a killed copy cut short is rebuilt, never used."""
+    try:
+        if path.suffix == ".safetensors":
+            load_file(path)
+        else:
+            torch.load(path, weights_only=True)
+    except Exception as error:  # noqa: BLE001 (any failure to load means: rebuild)
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
+    return None
 
 
 def warm_policy(model, config, folder):
@@ -99,17 +119,27 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
     (``runs_dir()/grpo``: its warm start and GRPO adapter, which
     :func:`~grpo_course.models.load_model` merges) when chapter 3 ran on this profile; else the
     same recipe trained now from the warm start for ``profile.quant_policy_steps`` steps, saved
-    under ``runs_dir()/policy`` and reused while its recipe and code are unchanged."""
+    under ``runs_dir()/policy`` and reused while its recipe, code and data are unchanged. A saved
+    adapter that does not load is trained again, with one line saying so."""
 
     chapter3 = runs_dir(profile.name) / "grpo"
-    if (chapter3 / "adapter_config.json").is_file():
-        return chapter3, "chapter 3's GRPO policy (its warm start and GRPO adapter, merged)"
+    adapter = "adapter_model.safetensors"
+    if (chapter3 / "adapter_config.json").is_file() and (chapter3 / adapter).is_file():
+        ran = {k: list(v) if isinstance(v, tuple) else v
+               for k, v in (load_run_config(chapter3) or {}).items()}
+        same = all(ran.get(k) == v for k, v in config_to_dict(profile.grpo).items())
+        broken = unloadable(chapter3 / adapter)
+        if same and broken is None:
+            return chapter3, "chapter 3's GRPO policy (its warm start and GRPO adapter, merged)"
+        print(f"{chapter3} is not chapter 3's run of this recipe "
+              f"({broken or 'its config.yaml differs'}); training the policy here")
     config = dataclasses.replace(profile.grpo, max_steps=profile.quant_policy_steps)
     sft_dir = warm_start(config, train_dataset)
-    from .config import config_to_dict
 
-    # the warm start's key (its recipe, data and code) and every field of the GRPO recipe
-    recipe = json.dumps(config_to_dict(config), sort_keys=True, default=str)
+    # the warm start's key (its recipe, data and code), every field of the GRPO recipe and the
+    # code that trains it
+    recipe = json.dumps({"config": config_to_dict(config), "code": code_fingerprint(*POLICY_MODULES)},
+                        sort_keys=True, default=str)
     key = f"{warm_start_key(config, train_dataset)}-{hashlib.sha256(recipe.encode()).hexdigest()[:20]}"
     folder = runs_dir(profile.name) / POLICY_DIR
     steps = f"{config.max_steps} GRPO step{'s' if config.max_steps != 1 else ''}"
@@ -117,7 +147,10 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
            f"policy is not in the cache; run chapter 3 for its longer run)")
     if (folder / "adapter_config.json").is_file() and (folder / "policy_key.txt").is_file() \
             and (folder / "policy_key.txt").read_text() == key:
-        return folder, how
+        broken = unloadable(folder / adapter)
+        if broken is None:
+            return folder, how
+        print(f"{folder / adapter} does not load ({broken}); training the policy again")
 
     (folder / "policy_key.txt").unlink(missing_ok=True)   # stale until the new policy is saved
     model, tokenizer = load_model(config.model)

@@ -7,9 +7,11 @@ from dataclasses import replace
 import datasets
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from grpo_course import warmstart
-from grpo_course.config import GRPOConfig, get_profile
+from grpo_course.config import GRPOConfig, get_profile, save_run_config
+from grpo_course.models import runs_dir
 from grpo_course.train import CourseTrainer
 from tests.helpers import ADDITION_ROWS, tiny_model, tiny_tokenizer
 
@@ -28,8 +30,17 @@ class FakeTrainer:
         FakeTrainer.runs += 1
 
     def save_model(self, folder):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "adapter_config.json").write_text("{}")
+        write_adapter(folder)
+
+
+def write_adapter(folder):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text("{}")
+    save_file({"lora_A": torch.ones(2, 2)}, str(folder / "adapter_model.safetensors"))
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
 @pytest.fixture
@@ -45,14 +56,34 @@ def fake_training(monkeypatch, tmp_path):
 
 
 def test_chapter_3s_policy_is_used_when_it_was_trained(fake_training):
-    from grpo_course.models import runs_dir
-
     profile = get_profile("smoke")
     folder = runs_dir("smoke") / "grpo"
-    folder.mkdir(parents=True)
-    (folder / "adapter_config.json").write_text("{}")
+    write_adapter(folder)
+    save_run_config(folder, profile.grpo, "smoke")
     got, how = warmstart.trained_policy(profile, [])
     assert got == folder and "chapter 3's GRPO policy" in how and FakeTrainer.runs == 0
+
+
+def test_chapter_3s_folder_of_another_recipe_or_cut_short_is_not_used(fake_training, capsys):
+    profile = get_profile("smoke")
+    folder = runs_dir("smoke") / "grpo"
+    write_adapter(folder)
+    save_run_config(folder, replace(profile.grpo, learning_rate=1.0), "smoke")
+    assert warmstart.trained_policy(profile, [])[0].name == warmstart.POLICY_DIR
+    assert "config.yaml differs" in capsys.readouterr().out and FakeTrainer.runs == 1
+    save_run_config(folder, profile.grpo, "smoke")
+    truncate(folder / "adapter_model.safetensors")
+    assert warmstart.trained_policy(profile, [])[0].name == warmstart.POLICY_DIR
+    assert "SafetensorError" in capsys.readouterr().out
+
+
+def test_a_policy_that_does_not_load_is_trained_again(fake_training, capsys):
+    profile = get_profile("smoke")
+    folder, _ = warmstart.trained_policy(profile, [])
+    truncate(folder / "adapter_model.safetensors")
+    assert warmstart.trained_policy(profile, [])[0] == folder and FakeTrainer.runs == 2
+    assert "does not load" in capsys.readouterr().out
+    assert warmstart.unloadable(folder / "adapter_model.safetensors") is None   # rebuilt whole
 
 
 def test_otherwise_the_recipe_is_trained_once_and_reused(fake_training):
@@ -69,8 +100,7 @@ def test_otherwise_the_recipe_is_trained_once_and_reused(fake_training):
 
 
 # ---------------------------------------------------------------- the shared warm start
-def test_warm_start_trains_once_and_start_from_loads_it(tmp_path, monkeypatch):
-    from grpo_course import warmstart
+def test_warm_start_trains_once_and_start_from_loads_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path))
     monkeypatch.setattr(warmstart, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
     data = datasets.Dataset.from_list(ADDITION_ROWS)
@@ -94,3 +124,11 @@ def test_warm_start_trains_once_and_start_from_loads_it(tmp_path, monkeypatch):
     assert saved and all(torch.equal(params[n], v) for n, v in saved.items())
     assert any(v.abs().sum() > 0 for n, v in saved.items() if "lora_B" in n)   # SFT moved B
     assert trainer.sft_done == 2 and trainer.train(max_steps=0) == []        # straight to GRPO
+    # other data: another key; a state file cut short: trained again, with one line saying so
+    other = datasets.Dataset.from_list([{**ADDITION_ROWS[0], "answer": "#### 0"}, *ADDITION_ROWS[1:]])
+    assert warmstart.warm_start_key(cfg, other) != folder.name
+    truncate(folder / warmstart.STATE_FILE)
+    capsys.readouterr()
+    assert warmstart.warm_start(cfg, data) == folder
+    assert "does not load" in capsys.readouterr().out
+    assert warmstart.unloadable(folder / warmstart.STATE_FILE) is None
