@@ -28,6 +28,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from .cli import parse_train_args, run_folder
 from .data import SYSTEM_PROMPT, chat_messages, load_gsm8k
 from .errors import CourseError, report
 from .hardware import share_cores
-from .models import load_model, project_root, quiet_loading, set_threads
+from .models import load_model, quiet_loading, set_threads
 from .rewards import REWARD_FUNCTIONS, check_reward_names
 from .runs import TRACKIO_PROJECT, Tracker, write_run
 from .warmstart import warm_start
@@ -399,6 +400,9 @@ def merge_adapter(model, adapter_dir: str | os.PathLike):
 
 
 # ----------------------------------------------------------------------------- the command line
+#: the ``accelerate launch`` configs (package data): 2 CPU processes, 8 GPUs, DeepSpeed ZeRO-2
+ACCELERATE_DIR = Path(str(resources.files("grpo_course") / "accelerate"))
+
 VLLM_MODES = ("colocate", "server")
 
 
@@ -492,7 +496,7 @@ def launch_command(processes: int, out: str | os.PathLike, *flags: str,
     script = ["-m", "grpo_course.trl_bridge", "--out", str(out), *flags]
     if processes == 1:
         return [sys.executable, *script]
-    config = accelerate_config or project_root() / "configs" / "accelerate" / "cpu_2proc.yaml"
+    config = accelerate_config or ACCELERATE_DIR / "cpu_2proc.yaml"
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
             "--num_processes", str(processes), *script]
 

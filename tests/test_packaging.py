@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -29,7 +30,7 @@ def wheel(tmp_path_factory) -> Path:
 def test_the_wheel_carries_the_data_the_package_reads(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     for data in ("grpo_course/recipes/grpo_levers.yaml", "grpo_course/measurements/memory.json",
-                 "grpo_course/quizzes/03_grpo_from_scratch.json"):
+                 "grpo_course/quizzes/03_grpo_from_scratch.json", "grpo_course/accelerate/cpu_2proc.yaml"):
         assert data in names, data
     requires = [line for line in zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith("METADATA"))).decode().splitlines()
@@ -56,3 +57,30 @@ def test_a_fresh_non_editable_install_evaluates_outside_the_checkout(wheel, tmp_
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["n"] == 2
+
+
+def test_every_third_party_import_of_the_package_is_declared():
+    """A dependency that only arrives through another one (mpmath through torch's sympy) is still
+    named in pyproject.toml: each top-level import of the package maps to a declared distribution."""
+    import ast
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = [d for group in project.get("optional-dependencies", {}).values() for d in group]
+    declared = {re.split(r"[<>=!~ \[]", d, maxsplit=1)[0].lower().replace("_", "-")
+                for d in [*project["dependencies"], *extras]}
+    providers = packages_distributions()
+    missing = set()
+    for path in (ROOT / "grpo_course").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top == "grpo_course":
+                    continue
+                dists = {d.lower().replace("_", "-") for d in providers.get(top, [top])}
+                if not dists & declared:
+                    missing.add(f"{path.name}: {top}")
+    assert not missing, sorted(missing)

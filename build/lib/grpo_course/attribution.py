@@ -28,7 +28,7 @@ from .answers import normalize_number
 from .arithmetic import arithmetic_check
 from .data import solution_results
 from .evaluate import EvalResult
-from .rewards import step_f1
+from .rewards import score_completions, step_f1, weighted_sum
 from .stats import mcnemar_test, paired_difference  # noqa: F401 (chapters import it here too)
 
 _QUESTION_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
@@ -145,7 +145,6 @@ def held_out_rewards(result: EvalResult, dataset, weights: dict[str, float]) -> 
     """Each evaluated answer's reward under ``weights`` (a recipe's ``reward_weights``), scored
     against its problem's gold answer and solution: the trained reward, on problems it never
     trained on."""
-    from .rewards import score_completions, weighted_sum
     rows = list(dataset)
     if len(rows) != len(result.records):
         raise ValueError(f"{len(result.records)} answers for {len(rows)} problems")

@@ -31,6 +31,7 @@ from urllib.parse import urljoin
 
 from .atomic import write_text_atomic
 from .errors import CourseError, OneLineArgumentParser, report
+from .publish import github_repo, repository
 
 ROLE = re.compile(r"\{(eval|term|cite|cite:p|cite:t)\}`([^`]*)`")
 TERM_TARGET = re.compile(r"^(.*?)\s*<([^<>]+)>\s*$", re.S)
@@ -198,7 +199,6 @@ def colab_notebook(source: dict[str, Any], values: dict[str, str], site_url: str
 
 def site_url(config_file: Path) -> str:
     """The published book's root: GitHub Pages of ``_config.yml``'s repository."""
-    from .publish import github_repo, repository
 
     owner, repo = github_repo(repository(config_file)[0]).split("/")
     return f"https://{owner}.github.io/{repo}/"

@@ -17,6 +17,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from . import hardware
 from .atomic import write_text_atomic
 from .errors import CourseError
 
@@ -364,9 +365,9 @@ class Profile:
     prof_nocache_tokens: int = 32                     # budget of the KV-cache lever
     prof_trace_step: dict[str, Any] = field(default_factory=dict)   # GRPOConfig changes for the step
                                                       # torch.profiler records (it keeps every event in
-                                                      # memory: ~5 KiB each, ~200k for a 16-token step)
+                                                      # memory, thousands of events per step)
     prof_full_finetune: bool = True                   # time a full fine-tuning step beside LoRA (its
-                                                      # gradients and AdamW moments need ~1.6 GiB more)
+                                                      # gradients and AdamW moments of every weight)
     prof_logits_completions: int | None = None        # completions in the all-position-logits pass (None: all)
     # chapter 4 (TRL GRPOTrainer); the rest of the run uses ``grpo`` and ``eval``
     trl_max_steps: int = 16                           # optimizer steps of each trainer (smoke: 1)
@@ -379,14 +380,14 @@ class Profile:
                                                       # (gradient accumulation; None: the whole step at
                                                       # once), like GRPOConfig.train_micro_batch
     # chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides
-    cl_steps_per_stage: int = 5                       # GRPO steps per curriculum stage (and per swept lambda)
+    cl_steps_per_stage: int = 4                       # GRPO steps per curriculum stage (and per swept lambda)
     cl_max_completion_length: int = 96                # completion budget while training
-    cl_eval_n: int = 48                               # held-out basic (stage-1) test problems
+    cl_eval_n: int = 40                               # held-out basic (stage-1) test problems
     cl_eval_max_new_tokens: int = 96                  # greedy budget of those evaluations
     cl_fisher_prompts: int = 8                        # stage-1 problems for the Fisher
-    cl_fisher_many_prompts: int = 24                  # ... for the many-sample Fisher it is checked against
+    cl_fisher_many_prompts: int = 16                  # ... for the many-sample Fisher it is checked against
     cl_nll_rows: int = 64                             # held-out stage-1 solutions scored
-    cl_reward_samples: int = 8                        # samples per problem of a stage's own-problem reward
+    cl_reward_samples: int = 6                        # samples per problem of a stage's own-problem reward
     cl_lam: float = 1e4                               # EWC strength of the main run
     cl_sweep_lams: tuple[float, ...] = (0.0, 1e4, 1e6)   # 0 and cl_lam: the two curriculum runs
     # chapters 4 and 5 train shorter runs than chapter 3, with smaller steps (see short_run)
@@ -396,8 +397,6 @@ class Profile:
     # memory: trade a little speed for memory (grpo_course.memory.use_low_memory: freed tensors go
     # back to the system at once, heaps trimmed after each step, one sampler weight copy; binder)
     low_memory: bool = False
-    # chapters 4-7 read their own entries from ``extra``
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def with_grpo(self, **changes: Any) -> Profile:
         return replace(self, grpo=replace(self.grpo, **changes))
@@ -421,8 +420,7 @@ FULL_GRPO_STEPS = {"native_bf16": 14, "fp32": 6}
 
 def full_grpo_steps() -> int:
     """The full profile's GRPO steps on this machine (:data:`FULL_GRPO_STEPS`)."""
-    from .hardware import native_bf16
-    return FULL_GRPO_STEPS["native_bf16" if native_bf16() else "fp32"]
+    return FULL_GRPO_STEPS["native_bf16" if hardware.native_bf16() else "fp32"]
 
 
 #: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),
@@ -449,7 +447,6 @@ PROFILES: dict[str, Profile] = {
         cl_eval_max_new_tokens=24, cl_fisher_prompts=2, cl_fisher_many_prompts=4, cl_nll_rows=4,
         cl_reward_samples=2,
         cl_sweep_lams=(0.0, 1e4, 1e6),
-        extra={},
     ),
     "full": Profile(
         name="full",
@@ -461,22 +458,23 @@ PROFILES: dict[str, Profile] = {
         # bench/levers.py and bench/recipes.py). GRPO gets what chapter 3's 15 minutes leave after
         # its held-out evaluation: FULL_GRPO_STEPS, more where the CPU has native bf16.
         # The training pass runs one group (8 completions) at a time: the same update, a quarter
-        # of the activations (32 completions at once held ~5 GiB in chapter 3); TRL likewise.
+        # of the activations; TRL passes 2 completions at a time (chapter 4, and 2 per process in
+        # its 2-process run), so that every chapter fits an 8 GB laptop (bench/memory.py measures
+        # each chapter's peak).
         grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4,
                         max_steps=full_grpo_steps(),
                         num_generations=8, per_step_completions=32, learning_rate=3e-4,
                         train_micro_batch=8, **GRPO_LEVERS),
         n_inspect=7473, n_demo=3, reward_prompts=8, reward_max_new_tokens=160,
-        trl_micro_batch=8,
+        trl_micro_batch=2,
         # chapter 3's loop: the notebook's own step has no prompt cache and no bf16 training pass,
         # so it samples one prompt a step with shorter completions
         loop_changes={"max_completion_length": 96},
         # chapter 7: the step under torch.profiler trains one group (it keeps every event in
-        # memory), and the all-position-logits pass takes one group too ([8, L, vocab] fp32 logits
-        # and their gradient; the whole batch's raised the kernel by 7.6 GiB)
+        # memory), and the all-position-logits pass takes half a group (the whole batch's
+        # [32, L, vocab] fp32 logits and their gradient are several GiB)
         prof_trace_step={"per_step_completions": 8, "generation_batch_size": None},
-        prof_logits_completions=8,
-        extra={},
+        prof_logits_completions=4,
     ),
 }
 
@@ -489,7 +487,7 @@ def _binder_profile(full: Profile) -> Profile:
     in bf16 where the CPU has it, and its step's completions through the model two at a time),
     smaller sampling and evaluation batches, fewer held-out problems (the intervals say so), no
     2-process run (two more copies of the model do not fit), a shorter step under torch.profiler
-    and no full fine-tuning run in chapter 7 (its AdamW state alone is ~1.6 GiB), and the
+    and no full fine-tuning run in chapter 7 (AdamW's state for every weight), and the
     low-memory mode (:func:`grpo_course.memory.use_low_memory`)."""
     return replace(
         full, name="binder",
@@ -524,12 +522,11 @@ def get_profile(name: str | None = None) -> Profile:
 @lru_cache(maxsize=1)
 def _default_profile_name() -> str:
     """``full``, or ``binder`` where the memory limit is under 4 GiB (printed once)."""
-    from .memory import SMALL_MACHINE_BYTES, memory_limit_bytes
 
-    limit = memory_limit_bytes()
-    if limit >= SMALL_MACHINE_BYTES:
+    limit = hardware.memory_limit_bytes()
+    if limit >= hardware.SMALL_MACHINE_BYTES:
         return "full"
     print(f"This machine gives {limit / 2**30:.1f} GiB of memory (less than "
-          f"{SMALL_MACHINE_BYTES / 2**30:.0f} GiB), so the course uses the binder profile, made to fit "
+          f"{hardware.SMALL_MACHINE_BYTES / 2**30:.0f} GiB), so the course uses the binder profile, made to fit "
           f"2 GB; set {PROFILE_ENV}=full to override.")
     return "binder"

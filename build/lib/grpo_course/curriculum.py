@@ -24,10 +24,15 @@ from typing import Any
 
 import torch
 
+from .answers import answers_match
 from .atomic import atomic_write
 from .data import STRATA, chat_prompt, extract_hash_answer, sft_text
 from .errors import CourseError
-from .grpo import uses_activation_checkpointing
+from .grpo import per_token_logps, uses_activation_checkpointing
+from .runs import write_run
+from .sampling import sample_completions
+from .stats import mcnemar_test
+from .train import CourseTrainer
 
 EWC_FILE = "ewc.safetensors"
 
@@ -114,8 +119,6 @@ def measure_pass_rates(model, tokenizer, dataset, per_stratum: int = 16,
     """Fraction of ``num_generations`` sampled completions that answer correctly, on the
     first ``per_stratum`` problems of each stratum of ``dataset`` (the current model's
     pass rate, for :func:`order_by_pass_rate`)."""
-    from .answers import answers_match
-    from .sampling import sample_completions
 
     rates = {}
     stages = curriculum_stages(dataset)
@@ -148,7 +151,6 @@ def completion_log_likelihood(model, batch: Mapping[str, torch.Tensor]) -> torch
     """``[N]`` log p(completion | prompt) under ``model``: the sum of the per-token
     log-probs over real completion tokens. ``batch`` holds ``prompt_ids``, ``prompt_mask``
     (one row per prompt or per completion), ``completion_ids`` and ``completion_mask``."""
-    from .grpo import per_token_logps
 
     logps = per_token_logps(model, batch["prompt_ids"], batch["prompt_mask"],
                             batch["completion_ids"], batch["completion_mask"])
@@ -193,7 +195,7 @@ def fisher_diagonal(model, batches: Iterable[Mapping[str, torch.Tensor]],
     # no dropout: the Fisher of the deterministic policy. A model that recomputes its activations
     # in the backward pass (activation checkpointing: the binder profile) does so in train mode
     # only; where train mode drops nothing it is the same function, and each backward pass then
-    # holds one layer's activations instead of every layer's (~300 MiB less for the bundled model)
+    # holds one layer's activations instead of every layer's
     model.train(uses_activation_checkpointing(model) and not drops_anything(model))
     try:
         for batch in tqdm(batches, desc="fisher", disable=not progress):
@@ -270,7 +272,6 @@ def sampled_batches(model, tokenizer, rows, batch_size: int = 8, max_new_tokens:
     (the *true* Fisher: expectations under the model's own distribution). ``sampling_dtype``
     as in :func:`grpo_course.sampling.sample_completions` (``"auto"``: the trainer's sampler,
     bf16 weights where the CPU has bf16; ``None``: the model's own precision)."""
-    from .sampling import sample_completions
 
     rows = list(rows)
     for lo in range(0, len(rows), batch_size):
@@ -429,8 +430,6 @@ def train_stages(model, tokenizer, config, stages: Sequence[Stage], steps_per_st
     every run (:func:`grpo_course.runs.write_run`: its config and every stage's GRPO steps, each
     row tagged with its stage and numbered across stages). Returns ``(last_trainer, records)``.
     """
-    from .runs import write_run
-    from .train import CourseTrainer
 
     records, trainer, rows = [], None, []
     for k, stage in enumerate(stages):
@@ -458,7 +457,6 @@ def forgetting(before, after, stratum: str) -> dict[str, Any]:
     """Accuracy on ``stratum`` before and after later training (two
     :class:`~grpo_course.evaluate.EvalResult` on the same problems): the drop, the problems
     lost and gained, and McNemar's exact p-value."""
-    from .stats import mcnemar_test
 
     a = {r["idx"]: r["correct"] for r in before.records if r["difficulty"] == stratum}
     b = {r["idx"]: r["correct"] for r in after.records if r["difficulty"] == stratum}

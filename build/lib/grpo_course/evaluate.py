@@ -28,8 +28,11 @@ from .config import RUN_CONFIG_FILE, SAMPLING_DTYPES, ConfigError, load_run_conf
 from .data import STRATA, SYSTEM_PROMPT, chat_prompt, extract_hash_answer, load_gsm8k
 from .errors import OneLineArgumentParser, report
 from .fingerprint import code_fingerprint
-from .rewards import computed_results
+from .models import cache_dir, load_model, quiet_loading
+from .rewards import REWARD_FUNCTIONS, computed_results, score_completions
+from .sampling import sample_completions, sampler_dtype
 from .stats import linear_trend, mcnemar_test, wilson_interval  # noqa: F401 (chapters import them here too)
+from .train import score_groups
 
 
 def work_consistent(completion: str) -> bool | None:
@@ -118,7 +121,6 @@ def weights_fingerprint(model) -> str:
 
 
 def _cache_file(key: dict[str, Any]) -> Path:
-    from .models import cache_dir
 
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
     return cache_dir() / "evals" / f"{name}.json"
@@ -168,7 +170,6 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
     """
     from tqdm.auto import tqdm
 
-    from .sampling import sampler_dtype
 
     if batch_size <= 0 or max_new_tokens <= 0:
         raise ValueError("batch_size and max_new_tokens must be positive")
@@ -213,7 +214,6 @@ def _decode_block(model, tokenizer, rows, prompts, first: int, batch_size: int,
                   max_new_tokens: int, dtype, bar) -> list[dict[str, Any]]:
     """Greedy answers and scores of one block of rows (``first``: the block's first row in the
     data set, the ``idx`` of rows without one), in the rows' order."""
-    from .sampling import sample_completions
 
     order = sorted(range(len(rows)), key=lambda i: len(prompts[i]))
     records: list[dict[str, Any] | None] = [None] * len(rows)
@@ -241,7 +241,6 @@ def evaluate(model_name: str, split: str = "test", n: int = 200, offset: int = 0
              progress: bool = True, sampling_dtype: str | None = "auto") -> EvalResult:
     """Load ``model_name`` (bundled name, folder or hub id) and evaluate it on
     ``n`` problems of ``split`` starting at row ``offset``."""
-    from .models import load_model
 
     dataset = load_gsm8k(split, data_dir=data_dir, limit=n, offset=offset)
     if len(dataset) == 0:
@@ -304,7 +303,6 @@ def _sampled_blocks(model, tokenizer, rows: list, k: int, max_new_tokens: int, t
     the block starting at problem ``lo`` drawn with seed ``seed + lo``."""
     from tqdm.auto import tqdm
 
-    from .sampling import sample_completions
 
     for lo in tqdm(range(0, len(rows), batch_prompts), desc=desc, disable=not progress):
         chunk = rows[lo:lo + batch_prompts]
@@ -339,8 +337,6 @@ def sampled_rewards(model, tokenizer, dataset, k: int, max_new_tokens: int,
     ``dataset``, scored with ``reward_weights`` (the course's rewards, or ``reward_funcs``), and
     each problem's mean. Two models scored on the same problems give a paired test of whether
     training moved the reward, free of which prompts a training step happened to draw."""
-    from .rewards import REWARD_FUNCTIONS
-    from .train import score_groups
 
     funcs = reward_funcs or {n: REWARD_FUNCTIONS[n] for n in reward_weights}
     per_prompt: list[float] = []
@@ -393,8 +389,6 @@ def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict
     each answer's rewards against ``gold``. The model's own weights are put back afterwards."""
     import contextlib
 
-    from .rewards import score_completions
-    from .sampling import sample_completions
 
     current = adapter_state(model)
     params = dict(model.named_parameters())
@@ -453,7 +447,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = [args.model] + ([args.compare] if args.compare else [])
     results = []
     try:
-        from .models import quiet_loading
         quiet_loading()
         for name in names:
             results.append(evaluate(name, args.split, args.n, args.offset, args.data_dir,

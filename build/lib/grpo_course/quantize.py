@@ -32,13 +32,20 @@ from typing import Any
 import torch
 
 from .atomic import atomic_write
+from .attribution import held_out_rewards
 from .errors import CourseError, OneLineArgumentParser, report
 from .hardware import cpu_features as cpu_int8_features  # noqa: F401 (chapter 6)
 from .hardware import (
     describe_cpu,  # noqa: F401 (chapter 6 calls Q.describe_cpu)
     rss_bytes,
 )
-from .models import quiet_torchao  # noqa: F401 (chapter 6 calls Q.quiet_torchao)
+from .models import (
+    _prepare,
+    quiet_torchao,  # noqa: F401 (chapter 6 calls Q.quiet_torchao)
+    set_threads,
+)
+from .sampling import has_plain_linear_weights, sample_completions
+from .stats import mcnemar_test, paired_difference
 
 VARIANTS = ("fp32", "dynamic", "torchao")
 WEIGHTS_FILE = "model.safetensors"
@@ -83,7 +90,7 @@ def quantize_torchao_int8(model: torch.nn.Module, inplace: bool = False) -> torc
 def quantized_copy(model: torch.nn.Module, convert) -> torch.nn.Module:
     """``convert`` (an in-place quantization) applied to a copy of ``model``; ``model`` is left
     as it was. The copy shares the original's ``nn.Linear`` weights until ``convert`` replaces
-    them by their int8 versions: a full fp32 copy of them (~400 MiB for the bundled model) would
+    them by their int8 versions: a full fp32 copy of them would
     live only to be thrown away. A Linear that ``convert`` leaves in fp32 gets its own copy of its
     weight afterwards, as do the embedding and a weight tied to it."""
     tied = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
@@ -122,7 +129,6 @@ def has_plain_weights(model: torch.nn.Module) -> bool:
     """True when every Linear holds a plain float tensor. The sampler's compact decoder
     concatenates raw ``.weight`` tensors, so it is only used for such models; quantized
     ones fall back to the transformers forward pass automatically."""
-    from .sampling import has_plain_linear_weights
 
     return has_plain_linear_weights(model)
 
@@ -286,7 +292,6 @@ def load_quantized(folder: str | Path):
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from .models import _prepare
 
     folder = Path(folder)
     if not (folder / INFO_FILE).is_file():
@@ -389,8 +394,6 @@ def paired_rows(results: dict[str, Any], dataset, weights: dict[str, float],
     """Each variant of ``results`` (``EvalResult`` by name, the same problems) against
     ``reference``, problem by problem: format and accuracy with McNemar's p, and the recipe's
     reward (``weights``) of each greedy answer with the 95 % interval of the paired difference."""
-    from .attribution import held_out_rewards
-    from .stats import mcnemar_test, paired_difference
 
     ref = results[reference]
     ref_reward = held_out_rewards(ref, dataset, weights)
@@ -423,7 +426,6 @@ def time_decoding(model, tokenizer, prompts: Sequence[str], batch_size: int,
     ``fast=False`` runs the transformers forward pass (the only one quantized models take);
     the best of ``repeats`` runs is kept (other processes share the cores).
     """
-    from .sampling import sample_completions
 
     batch = list(prompts[:batch_size])
     if len(batch) < batch_size:
@@ -482,7 +484,6 @@ def measure_folder(folder: str | Path, prompts: Sequence[str], batch_sizes: Sequ
                    max_new_tokens: int = 32, repeats: int = 1,
                    threads: int | None = None) -> dict[str, Any]:
     """Load a saved variant and time it; RSS after loading and peak RSS (load + decode)."""
-    from .models import set_threads
 
     set_threads(threads)
     with PeakRSS() as rss:

@@ -35,6 +35,8 @@ from grpo_course.answers import (  # noqa: F401
 from grpo_course.arithmetic import EQUATION, equation_is_right
 from grpo_course.data import solution_results
 
+from .config import GRPOConfig
+
 RewardFn = Callable[..., list[float]]
 
 
@@ -291,7 +293,6 @@ def reward_for(name: str, fmt: AnswerFormat = HASH_FORMAT) -> RewardFn:
 
 
 def _default_weights() -> dict[str, float]:
-    from grpo_course.config import GRPOConfig
     return dict(GRPOConfig().reward_weights)
 
 

@@ -22,16 +22,34 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .config import RUN_CONFIG_FILE, ConfigError, GRPOConfig, config_to_dict, save_run_config
+from .atomic import write_text_atomic
+from .config import RUN_CONFIG_FILE, ConfigError, GRPOConfig, config_to_dict, load_run_config, save_run_config
 
 METRICS_FILE = "metrics.jsonl"
 TRACKIO_PROJECT = "grpo-course"
 
 
+def read_metrics(source) -> list[dict]:
+    """Rows of a ``metrics.jsonl`` file (or a folder holding one, or a list of rows)."""
+    if isinstance(source, (list, tuple)):
+        return list(source)
+    path = Path(source)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_run_config(source) -> dict[str, Any] | None:
+    """The config a run folder was trained with (its ``config.yaml``, written by
+    :mod:`grpo_course.train`: ``profile`` and every GRPOConfig field), or ``None``."""
+
+    path = Path(source)
+    return load_run_config(path.parent if path.name == RUN_CONFIG_FILE else path)
+
+
 def write_run(folder: str | os.PathLike, config: GRPOConfig, rows: Iterable[dict[str, Any]],
               profile: str | None = None, trainer: str = "course") -> Path:
     """Write a finished run's ``config.yaml`` and ``metrics.jsonl`` (each atomically); the folder."""
-    from .atomic import write_text_atomic
 
     folder = Path(folder)
     save_run_config(folder, config, profile, trainer=trainer)
@@ -44,8 +62,6 @@ def list_runs(root: str | os.PathLike):
     which profile, how many GRPO steps, and the last step's reward, correctness and length."""
     import pandas as pd
 
-    from .config import load_run_config
-    from .plotting import read_metrics
 
     root = Path(root)
     table = []

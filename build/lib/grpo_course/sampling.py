@@ -16,9 +16,9 @@ transformers model with its own cache (slower, same results).
 
 Decoding one token per step reads every weight once per step, so it is bound by memory
 bandwidth. ``sampling_dtype="bfloat16"`` snapshots the weights in bf16 (half the bytes,
-and the CPU's AVX512-BF16 instructions where it has them): about twice the tokens per
-second here; the bf16 weights are also reordered once per call into oneDNN's blocked layout,
-which a plain bf16 product redoes on every step (~1.2x more; not in low-memory mode, where that
+and the CPU's AVX512-BF16 instructions where it has them): more tokens per second
+(chapter 7 measures it); the bf16 weights are also reordered once per call into oneDNN's blocked layout,
+which a plain bf16 product redoes on every step (not in low-memory mode, where that
 second copy of the weights does not fit: :func:`grpo_course.memory.use_low_memory`).
 ``"auto"`` picks bf16 only on CPUs with native bf16 support (elsewhere bf16 matrix products are
 emulated and slower). A bf16 sampler draws from a very slightly different
@@ -97,9 +97,8 @@ def _choose(logits: torch.Tensor, temperature: float, top_p: float,
 
     Sampling inverts the cumulative distribution with one uniform number per row
     (``uniform`` [rows, 1]; ``torch.multinomial`` draws one exponential per vocabulary
-    entry: 4x slower here). The distribution is left unnormalised (the uniform number is
-    scaled by its sum instead): 8 rows of the bundled model's vocabulary took 0.33 ms this way
-    and 1.37 ms through logsumexp and normalised probabilities.
+    entry: slower). The distribution is left unnormalised (the uniform number is scaled by its
+    sum instead), which skips a logsumexp and a normalised copy of the probabilities.
     """
     if temperature <= 0:  # greedy
         logps = torch.log_softmax(logits.float(), dim=-1)
@@ -159,8 +158,8 @@ def _stacked_weight(modules: list[torch.nn.Module], dtype: torch.dtype) -> torch
     """The effective weights of ``modules`` (Linears, LoRA or not, with the same input size)
     stacked by rows, in ``dtype``: each is copied once into one buffer and its LoRA delta added
     there in place (``addmm_``: the base, plus scaling * B @ A in ``dtype``'s matrix product,
-    rounded once). Merging in fp32 and casting made three full-size temporaries per weight:
-    a snapshot of the bundled model took ~90 ms that way. A single plain weight already in
+    rounded once). Merging in fp32 and casting made three full-size temporaries per weight.
+    A single plain weight already in
     ``dtype`` is used as it is, not copied."""
     weights = [m.base_layer.weight if hasattr(m, "base_layer") else m.weight for m in modules]
     adapters = [_lora_factors(m) for m in modules]
@@ -254,13 +253,11 @@ def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     ``v`` [B, K, S, D], ``bias`` [B*K, H/K, S] (0 or -inf); scores and softmax in fp32.
 
     Two batched matrix products: at one query position they beat the fused (flash) kernel, which is
-    built for long query blocks (a 32-row decode step took 32.7 ms with them, 39.4 ms with it).
-    A bf16 ``bmm`` of a strided cache slice copies it itself, ~5x slower than one explicit copy,
-    so the slices are copied first. Below ``FP32_ATTENTION_ROWS`` rows the copies are made in fp32
+    built for long query blocks. A bf16 ``bmm`` of a strided cache slice copies it itself, slower
+    than one explicit copy, so the slices are copied first. Below ``FP32_ATTENTION_ROWS`` rows the copies are made in fp32
     and the products run in fp32 (an fp32 cache is read in place): at a few rows the cost is per
-    call, and fp32 products have less of it; at many rows bf16's half the bytes wins. Decode step,
-    bundled model, cache growing to prompt + 128: 4 rows 12.9-13.3 ms (fp32) vs 15.0-15.7 (bf16);
-    8 rows 16.9-17.3 vs 18.6-19.1; 16 rows 22.8-25.0 vs 23.5-24.0; 32 rows 38.6-41.3 vs 36.5-37.7."""
+    call, and fp32 products have less of it; at many rows bf16's half the bytes wins (where they
+    cross is ``FP32_ATTENTION_ROWS``)."""
     B, K, R, D = q.shape
     if k.dtype == torch.float32 or B < FP32_ATTENTION_ROWS:
         k3, v3 = k.flatten(0, 1).float(), v.flatten(0, 1).float()
@@ -371,7 +368,7 @@ class FastLlama:
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.packed_head is not None:
             return _linear(self.norm(h), self.lm_head, self.packed_head).float()
-        # [V, d] @ [d, B]: the vocabulary as the long side is ~1.5x faster than F.linear at small B
+        # [V, d] @ [d, B]: the vocabulary as the long side beats F.linear at small B
         return (self.lm_head @ self.norm(h).T).T.float()
 
     def select(self, rows: torch.Tensor) -> None:
@@ -472,7 +469,7 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
     tokens_out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long)
     logps_out = torch.zeros(B, max_new_tokens)
     live_out = torch.zeros(B, max_new_tokens, dtype=torch.long)
-    # inference mode: ~1 ms less per decoding step than no_grad at 4-8 rows (no version counters,
+    # inference mode: cheaper per decoding step than no_grad (no version counters,
     # no view tracking); what leaves it is written into these three ordinary tensors, which the
     # training pass may save for its backward pass (an inference tensor may not be)
     with torch.inference_mode():

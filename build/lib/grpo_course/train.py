@@ -40,8 +40,10 @@ from typing import Any
 
 import torch
 
+from .atomic import atomic_write
+from .cli import CHECKPOINT, parse_train_args, run_folder
 from .config import ConfigError, GRPOConfig, save_run_config
-from .data import chat_prompts, sft_text
+from .data import STRATA, chat_prompts, load_gsm8k, sft_text
 from .errors import CourseError, RewardError, report
 from .grpo import (
     course_attention,
@@ -52,8 +54,10 @@ from .grpo import (
     zero_std_groups,
 )
 from .memory import low_memory, trim_heap
+from .models import load_model, quiet_loading
 from .precision import frozen_linear_weights_as, hold_frozen_weights_in
-from .rewards import weighted_sum
+from .rewards import EXACT_REWARD, REWARD_FUNCTIONS, weighted_sum
+from .runs import Tracker
 from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
@@ -62,7 +66,6 @@ SFT_SORT_WINDOW = 8      # SFT steps whose rows are sorted by length together (l
 
 
 def _default_rewards(weights: dict[str, float]) -> dict[str, Callable]:
-    from .rewards import REWARD_FUNCTIONS
     unknown = [n for n in weights if n not in REWARD_FUNCTIONS]
     if unknown:
         raise ConfigError(f"reward_weights names unknown reward(s) {unknown}; "
@@ -112,7 +115,6 @@ def score_groups(completions: list, rows: dict[str, list], reward_funcs: dict[st
 def correct_completions(per_func: dict[str, torch.Tensor]) -> int | None:
     """How many sampled completions the ``correctness`` reward scored as exactly right (its top
     tier), or ``None`` when the run has no ``correctness`` reward."""
-    from .rewards import EXACT_REWARD
     scores = per_func.get("correctness")
     return None if scores is None else int((scores >= EXACT_REWARD).sum())
 
@@ -142,6 +144,19 @@ def add_lora(model, config: GRPOConfig):
         return get_peft_model(model, lora)
 
 
+#: the warm start's trainable (LoRA) weights, saved beside its adapter
+STATE_FILE = "trainable.pt"
+
+
+def load_adapter_state(model, folder) -> None:
+    """Set ``model``'s trainable (LoRA) weights to those saved in the warm start ``folder``."""
+    state = torch.load(Path(folder) / STATE_FILE, weights_only=True)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value)
+
+
 def enable_activation_checkpointing(model) -> None:
     """Recompute each layer's activations in the backward pass instead of keeping them (the
     binder profile's ``gradient_checkpointing``); it acts in train mode only, so the sampler
@@ -155,7 +170,6 @@ def enable_activation_checkpointing(model) -> None:
 def _atomic_dir(path: Path, write: Callable[[Path], None]) -> Path:
     """Run ``write(tmp)`` into a temporary folder beside ``path``, then rename it into place
     (:func:`grpo_course.atomic.atomic_write`: the old folder survives any failure)."""
-    from .atomic import atomic_write
     return atomic_write(path, write, folder=True)
 
 
@@ -184,7 +198,6 @@ class CourseTrainer:
         self.reward_funcs = dict(reward_funcs or _default_rewards(config.reward_weights))
         name = config.dynamic_sampling_reward
         if name is not None and name not in self.reward_funcs:   # scored for the filter, weight 0
-            from .rewards import REWARD_FUNCTIONS
             if name not in REWARD_FUNCTIONS:
                 raise ConfigError(f"dynamic_sampling_reward {name!r} is neither one of the run's "
                                   f"rewards ({', '.join(self.reward_funcs)}) nor a course reward "
@@ -237,7 +250,6 @@ class CourseTrainer:
             return self.order
         if self.config.prompt_order == "sequential":
             return list(range(len(self.dataset)))
-        from .data import STRATA
         column = self.dataset["difficulty"] if hasattr(self.dataset, "column_names") else \
             [r["difficulty"] for r in self.dataset]
         rank = {s: k for k, s in enumerate(STRATA)}
@@ -324,7 +336,7 @@ class CourseTrainer:
             self.sft_optimizer = self._make_sft_optimizer()
         optimizer = self.sft_optimizer
         rows_out = []
-        # Two measured speed-ups for short sequences on a CPU (about 1.3x per example here):
+        # Two speed-ups for short sequences on a CPU (bench/throughput.py times the steps):
         # the frozen base weights cast to bf16 once instead of on every product, and the
         # plain ("math") attention kernel, whose backward beats the flash kernel's at ~200 tokens.
         with frozen_linear_weights_as(self.model, torch.bfloat16 if self._sft_in_bf16() else None), \
@@ -341,7 +353,6 @@ class CourseTrainer:
     def start_from(self, warm_dir) -> CourseTrainer:
         """Load the adapter weights of a warm start (:func:`grpo_course.warmstart.warm_start`)
         and count its SFT steps as done, so :meth:`train` goes straight to GRPO."""
-        from .warmstart import load_adapter_state
         load_adapter_state(self.model, warm_dir)
         self.sft_done = self.config.sft_steps
         return self
@@ -474,8 +485,11 @@ class CourseTrainer:
         return row
 
     def _update(self, batch, mask, advantages, keep, rows_kept, old, bf16: bool):
-        """One optimizer update on the kept groups of ``batch``; returns its metrics and the
-        ``old_per_token_logps`` to use for the batch's later updates (one tensor per pass)."""
+        """One optimizer update on the kept groups of ``batch``: the loss of each pass
+        (:meth:`_pass_loss`, backward included), the metrics reduced over the passes
+        (:meth:`_reduce_metrics`), the penalty, and the optimizer step (:meth:`_optimizer_step`).
+        Returns its metrics and the ``old_per_token_logps`` for the batch's later updates (one
+        tensor per pass)."""
         cfg, G = self.config, self.config.num_generations
         metrics: dict[str, Any] = {"kl": 0.0, "entropy": float("nan"), "loss": 0.0,
                                    "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
@@ -498,50 +512,16 @@ class CourseTrainer:
             passes = list(groups.split(max(per_pass, 1))) if len(groups) else []
             olds = old if old is not None else [None] * len(passes)
             old, sums = [], {}
-            for chunk, chunk_old in zip(passes, olds, strict=False):
+            for chunk, chunk_old in zip(passes, olds, strict=True):
                 in_pass = torch.zeros_like(keep)
                 in_pass[chunk] = True
-                rows = in_pass.repeat_interleave(G)
-                sub_mask = mask[rows]
-                T = max(int(batch.completion_mask[rows].sum(1).max()), 1)
-                sub_mask = sub_mask[:, :T]
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    logps, entropy = per_token_logps(self.model, batch.prompt_ids[in_pass],
-                                                     batch.prompt_mask[in_pass],
-                                                     batch.completion_ids[rows, :T], sub_mask,
-                                                     cfg.temperature, return_entropy=True)
-                sampler_logps = batch.sampling_logps[rows, :T]
-                if chunk_old is None:
-                    # the sampler's log-probs are the old policy's only if it sampled at the
-                    # training pass's precision; else the policy's own, before this batch's first
-                    # update (TRL's choice: ratio 1 on the first update, no extra forward pass)
-                    exact = not bf16 and batch.sampling_dtype == torch.float32
-                    chunk_old = sampler_logps if exact else logps.detach()
+                chunk_old, part_sums = self._pass_loss(batch, mask, advantages, in_pass, chunk_old,
+                                                       ref, bf16)
                 old.append(chunk_old)
-                part, part_metrics = grpo_loss(
-                    logps, chunk_old, advantages[rows], sub_mask,
-                    ref_per_token_logps=None if ref is None else ref[rows, :T],
-                    beta=cfg.beta, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
-                    loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length)
-                part = part * dropped_groups_scale(cfg.loss_type, rows, mask)
-                if part.requires_grad:
-                    part.backward()
-                n_tok = float(sub_mask.sum())
-                gap = (logps.detach() - sampler_logps).abs() * sub_mask
-                for name, value in (("loss", float(part.detach())), ("tokens", n_tok),
-                                    ("entropy", float((entropy * sub_mask).sum())),
-                                    ("sampler_logp_gap", float(gap.sum())),
-                                    *((k, v * n_tok) for k, v in part_metrics.items()
-                                      if k != "policy_loss")):
+                for name, value in part_sums.items():
                     sums[name] = sums.get(name, 0.0) + value
             if passes:
-                # token means over all passes, and the batch's loss (the sum of the weighed passes)
-                n_tok = max(sums.pop("tokens"), 1.0)
-                for name in ("clip_ratio/low_mean", "clip_ratio/high_mean",
-                             "clip_ratio/region_mean", "kl", "entropy", "sampler_logp_gap"):
-                    metrics[name] = sums.pop(name) / n_tok
-                kept_share = dropped_groups_scale(cfg.loss_type, rows_kept, mask)
-                metrics["policy_loss"] = sums["loss"] / kept_share if kept_share else 0.0
+                metrics.update(self._reduce_metrics(sums, rows_kept, mask))
                 loss = torch.tensor(sums["loss"])
             if self.penalty is not None:
                 extra = self.penalty(self.model)
@@ -552,15 +532,67 @@ class CourseTrainer:
                     loss.backward()
                 metrics["loss"] = float(loss.detach())
         with self._phase("optimizer"):
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            for p in params:            # a skipped backward is a zero gradient: AdamW still steps
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            metrics["grad_norm"] = self._optimizer_step()
         metrics["skipped"] = loss is None
         return metrics, old
+
+    def _pass_loss(self, batch, mask, advantages, in_pass, old, ref, bf16: bool):
+        """The loss of one forward/backward pass over the groups ``in_pass`` (TRL's
+        ``compute_loss``), weighed by its share of the batch, and its backward. Returns the
+        pass's ``old_per_token_logps`` and its sums: the weighed loss, the real tokens, and the
+        token sums of the entropy, the sampler's log-prob gap and the loss's metrics."""
+        cfg, G = self.config, self.config.num_generations
+        rows = in_pass.repeat_interleave(G)
+        T = max(int(batch.completion_mask[rows].sum(1).max()), 1)
+        sub_mask = mask[rows][:, :T]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logps, entropy = per_token_logps(self.model, batch.prompt_ids[in_pass],
+                                             batch.prompt_mask[in_pass],
+                                             batch.completion_ids[rows, :T], sub_mask,
+                                             cfg.temperature, return_entropy=True)
+        sampler_logps = batch.sampling_logps[rows, :T]
+        if old is None:
+            # the sampler's log-probs are the old policy's only if it sampled at the training
+            # pass's precision; else the policy's own, before this batch's first update (TRL's
+            # choice: ratio 1 on the first update, no extra forward pass)
+            exact = not bf16 and batch.sampling_dtype == torch.float32
+            old = sampler_logps if exact else logps.detach()
+        part, part_metrics = grpo_loss(
+            logps, old, advantages[rows], sub_mask,
+            ref_per_token_logps=None if ref is None else ref[rows, :T],
+            beta=cfg.beta, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
+            loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length)
+        part = part * dropped_groups_scale(cfg.loss_type, rows, mask)
+        if part.requires_grad:
+            part.backward()
+        n_tok = float(sub_mask.sum())
+        gap = (logps.detach() - sampler_logps).abs() * sub_mask
+        sums = {"loss": float(part.detach()), "tokens": n_tok,
+                "entropy": float((entropy * sub_mask).sum()), "sampler_logp_gap": float(gap.sum())}
+        sums.update({k: v * n_tok for k, v in part_metrics.items() if k != "policy_loss"})
+        return old, sums
+
+    def _reduce_metrics(self, sums: dict[str, float], rows_kept, mask) -> dict[str, float]:
+        """Token means over all passes of one update, and the policy loss of the kept groups."""
+        n_tok = max(sums["tokens"], 1.0)
+        metrics = {name: sums[name] / n_tok
+                   for name in ("clip_ratio/low_mean", "clip_ratio/high_mean",
+                                "clip_ratio/region_mean", "kl", "entropy", "sampler_logp_gap")}
+        kept_share = dropped_groups_scale(self.config.loss_type, rows_kept, mask)
+        metrics["policy_loss"] = sums["loss"] / kept_share if kept_share else 0.0
+        return metrics
+
+    def _optimizer_step(self) -> float:
+        """Clip the gradient's norm and take one optimizer step (a skipped backward is a zero
+        gradient: AdamW still steps, as TRL's does); returns the norm before clipping."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
 
     def training_attention(self):
         """The attention layers of the training pass, for a while: written out
@@ -582,7 +614,6 @@ class CourseTrainer:
         rows_out: list[dict] = []
         if self.out_dir is not None:       # the resolved config beside the metrics
             save_run_config(self.out_dir, dataclasses.replace(cfg, max_steps=max_steps), self.profile)
-        from .runs import Tracker
         self.tracker = Tracker(cfg, name=self.out_dir.name if self.out_dir is not None else "course")
         try:
             rows_out += self.sft()
@@ -623,7 +654,6 @@ class CourseTrainer:
         """Write an evaluable adapter (base recorded as ``config.model``) or full model into
         ``path`` (other files there are kept). The folder is swapped as a whole
         (:func:`grpo_course.atomic.atomic_write`): an interrupted save leaves the old one."""
-        from .atomic import atomic_write
 
         def write(tmp: Path) -> None:
             self.model.save_pretrained(tmp)
@@ -696,9 +726,6 @@ class CourseTrainer:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m grpo_course.train``: options in :mod:`grpo_course.cli` (``--help``)."""
-    from .cli import CHECKPOINT, parse_train_args, run_folder
-    from .data import load_gsm8k
-    from .models import load_model, quiet_loading
 
     try:
         args, config, profile = parse_train_args(argv)

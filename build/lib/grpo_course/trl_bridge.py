@@ -28,12 +28,23 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from grpo_course.cli import RunArguments
 from grpo_course.config import ConfigError, GRPOConfig
 from grpo_course.memory import trim_heap
+
+from .atomic import write_text_atomic
+from .cli import parse_train_args, run_folder
+from .data import SYSTEM_PROMPT, chat_messages, load_gsm8k
+from .errors import CourseError, report
+from .hardware import share_cores
+from .models import load_model, quiet_loading, set_threads
+from .rewards import REWARD_FUNCTIONS, check_reward_names
+from .runs import TRACKIO_PROJECT, Tracker, write_run
+from .warmstart import warm_start
 
 #: course field -> ``trl.GRPOConfig`` field (the fields that change name or meaning).
 COURSE_TO_TRL: dict[str, str] = {
@@ -97,7 +108,6 @@ def quiet_trl() -> None:
 # ---------------------------------------------------------------- config
 def reward_names(cfg: GRPOConfig) -> list[str]:
     """The reward functions the course config weights, in its order."""
-    from grpo_course.rewards import check_reward_names
 
     if not cfg.reward_weights:
         raise ConfigError("reward_weights is empty: name at least one reward of "
@@ -170,7 +180,6 @@ def grpo_config_from_course(cfg: GRPOConfig, output_dir: str | os.PathLike,
 
 def trackio_fields(cfg: GRPOConfig) -> dict[str, Any]:
     """TRL's logging fields for ``cfg.report_to``: trackio in the course's project, or none."""
-    from .runs import TRACKIO_PROJECT, Tracker
 
     if cfg.report_to == "none":
         return {"report_to": "none"}
@@ -245,7 +254,6 @@ def trl_dataset(split: str = "train", n: int | None = None, offset: int = 0,
     TRL applies the chat template itself and passes ``answer`` and ``solution`` (each
     repeated G times) to every reward function as keywords.
     """
-    from grpo_course.data import SYSTEM_PROMPT, chat_messages, load_gsm8k
 
     rows = load_gsm8k(split, data_dir=data_dir, limit=n, offset=offset)
     system = SYSTEM_PROMPT if system_prompt is None else system_prompt
@@ -257,7 +265,6 @@ def trl_dataset(split: str = "train", n: int | None = None, offset: int = 0,
 def reward_funcs_from_course(cfg: GRPOConfig) -> tuple[list[Callable[..., list[float]]], list[float]]:
     """(reward functions, weights) from ``cfg.reward_weights``; TRL logs each as
     ``rewards/<name>/mean`` and sums them with the weights before the advantages."""
-    from grpo_course.rewards import REWARD_FUNCTIONS
 
     names = reward_names(cfg)
     return [REWARD_FUNCTIONS[n] for n in names], [float(cfg.reward_weights[n]) for n in names]
@@ -346,7 +353,6 @@ def train_with_trl(cfg: GRPOConfig, output_dir: str | os.PathLike, model=None, t
         quiet_trl()
     args = grpo_config_from_course(cfg, output_dir, **overrides)
     if model is None:
-        from grpo_course.models import load_model
 
         model, loaded_tok = load_model(cfg.model)
         tokenizer = tokenizer or loaded_tok
@@ -394,6 +400,9 @@ def merge_adapter(model, adapter_dir: str | os.PathLike):
 
 
 # ----------------------------------------------------------------------------- the command line
+#: the ``accelerate launch`` configs (package data): 2 CPU processes, 8 GPUs, DeepSpeed ZeRO-2
+ACCELERATE_DIR = Path(str(resources.files("grpo_course") / "accelerate"))
+
 VLLM_MODES = ("colocate", "server")
 
 
@@ -407,6 +416,10 @@ class TRLRunArguments(RunArguments):
     warm_start: bool = field(default=False, metadata={
         "help": "Start from the shared SFT warm start (trained once and cached, as in chapters "
                 "3-5) instead of the base model."})
+    micro_batch: int | None = field(default=None, metadata={
+        "help": "Completions each process passes through the model at a time (TRL's gradient "
+                "accumulation): the same step in less memory. Must divide the process's share of "
+                "per_step_completions. Default: its whole share at once."})
     vllm_mode: str | None = field(default=None, metadata={
         "help": "colocate | server: generate with vLLM (TRL's use_vllm; a CUDA GPU and the vllm "
                 "package). Default: transformers' generate."})
@@ -477,14 +490,13 @@ def launch_command(processes: int, out: str | os.PathLike, *flags: str,
     course's 2-process CPU config unless ``accelerate_config`` names another)."""
     import sys
 
-    from .models import project_root
 
     if processes < 1:
         raise ConfigError(f"processes must be >= 1; got {processes}")
     script = ["-m", "grpo_course.trl_bridge", "--out", str(out), *flags]
     if processes == 1:
         return [sys.executable, *script]
-    config = accelerate_config or project_root() / "configs" / "accelerate" / "cpu_2proc.yaml"
+    config = accelerate_config or ACCELERATE_DIR / "cpu_2proc.yaml"
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
             "--num_processes", str(processes), *script]
 
@@ -534,19 +546,19 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from .atomic import write_text_atomic
-    from .cli import parse_train_args, run_folder
-    from .errors import CourseError, report
-    from .hardware import share_cores
-    from .models import load_model, quiet_loading, set_threads
-    from .runs import write_run
 
     rank, local_rank, world = distributed_world()
     try:
         args, cfg, profile = parse_train_args(argv, TRLRunArguments, "python -m grpo_course.trl_bridge")
         out = run_folder(args.out)
         overrides: dict[str, Any] = {**device_overrides(), **vllm_overrides(args.vllm_mode)}
-        overrides["per_device_train_batch_size"] = per_device_batch(cfg, world)
+        share = per_device_batch(cfg, world)
+        micro = args.micro_batch or share
+        if micro < 1 or share % micro:
+            raise ConfigError(f"--micro_batch {args.micro_batch} must divide this process's "
+                              f"{share} completions per step")
+        overrides["per_device_train_batch_size"] = micro
+        overrides["gradient_accumulation_steps"] = share // micro
         overrides["disable_tqdm"] = False                # TRL's progress bar (the main process's)
         overrides["ddp_find_unused_parameters"] = False  # LoRA: every trainable weight gets a gradient
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -557,8 +569,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.warm_start:
             from accelerate import PartialState
 
-            from .data import load_gsm8k
-            from .warmstart import warm_start
 
             # the main process trains the warm start once (or finds it cached); the others wait
             with PartialState(cpu=overrides.get("use_cpu", True)).main_process_first():

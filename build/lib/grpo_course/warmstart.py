@@ -17,28 +17,40 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
-from .fingerprint import code_fingerprint
+from .atomic import atomic_write, write_text_atomic
+from .config import config_to_dict, load_run_config
+from .fingerprint import code_fingerprint, data_hash
+from .models import cache_dir, load_model, runs_dir
+from .sampling import resolve_sampling_dtype
+from .train import (  # noqa: F401 (STATE_FILE, load_adapter_state: chapters import them here)
+    STATE_FILE,
+    CourseTrainer,
+    add_lora,
+    enable_activation_checkpointing,
+    load_adapter_state,
+)
 
 WARM_FIELDS = ("model", "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_dtype",
                "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "max_grad_norm",
                "seed", "train_offset")
-STATE_FILE = "trainable.pt"
 #: the modules whose code decides the warm start's weights (the SFT loop, its log-probs, its
 #: precision, the prompts and targets it trains on, the model loading)
 WARM_MODULES = ("grpo_course.train", "grpo_course.grpo", "grpo_course.precision",
                 "grpo_course.data", "grpo_course.models", "grpo_course.warmstart")
+#: ... and those that decide a GRPO policy's weights on top (its sampler and its rewards)
+POLICY_MODULES = (*WARM_MODULES, "grpo_course.sampling", "grpo_course.rewards",
+                  "grpo_course.answers", "grpo_course.arithmetic")
 
 
 def warm_start_key(config, train_dataset) -> str:
     """Fingerprint of the warm-up recipe: the fields that change its weights and the data."""
-    from .sampling import resolve_sampling_dtype
 
     recipe = {f: getattr(config, f) for f in WARM_FIELDS}
     recipe["sft_dtype"] = str(resolve_sampling_dtype(config.sft_dtype) or "float32")
     recipe["lora_target_modules"] = list(recipe["lora_target_modules"])
-    recipe["rows"] = len(train_dataset)
-    recipe["first_question"] = train_dataset[0]["question"]
+    recipe["data"] = data_hash(train_dataset)
     recipe["code"] = code_fingerprint(*WARM_MODULES)
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -47,15 +59,15 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
     """The folder of ``config``'s SFT-warmed adapter, trained now (with a progress bar) unless
     an identical recipe was trained before. Loadable by :func:`~grpo_course.models.load_model`;
     :meth:`~grpo_course.train.CourseTrainer.start_from` continues training from it."""
-    from .atomic import atomic_write
-    from .models import cache_dir, load_model
-    from .train import CourseTrainer
 
     folder = cache_dir() / "warm_start" / warm_start_key(config, train_dataset)
     if (folder / STATE_FILE).is_file():
-        if verbose:
-            print(f"warm start: reusing {config.sft_steps} SFT steps from {folder}")
-        return folder
+        broken = unloadable(folder / STATE_FILE)
+        if broken is None:
+            if verbose:
+                print(f"warm start: reusing {config.sft_steps} SFT steps from {folder}")
+            return folder
+        print(f"warm start: {folder / STATE_FILE} does not load ({broken}); training it again")
     if verbose:
         print(f"warm start: training {config.sft_steps} SFT steps once; every chapter then "
               f"reuses them from {folder}")
@@ -72,13 +84,17 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
     return atomic_write(folder, write, folder=True)
 
 
-def load_adapter_state(model, folder) -> None:
-    """Set ``model``'s trainable (LoRA) weights to those saved in the warm start ``folder``."""
-    state = torch.load(Path(folder) / STATE_FILE, weights_only=True)
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in state.items():
-            params[name].copy_(value)
+def unloadable(path: Path) -> str | None:
+    """Why the weights file ``path`` (``.pt`` or ``.safetensors``) does not load, or ``None`` when
+    it does: a cache that a full disk or a killed copy cut short is rebuilt, never used."""
+    try:
+        if path.suffix == ".safetensors":
+            load_file(path)
+        else:
+            torch.load(path, weights_only=True)
+    except Exception as error:  # noqa: BLE001 (any failure to load means: rebuild)
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
+    return None
 
 
 def warm_policy(model, config, folder):
@@ -86,7 +102,6 @@ def warm_policy(model, config, folder):
     ``folder``: the policy a GRPO run starts from (its base weights stay as they are, fp32 for a
     freshly loaded model), with activation checkpointing where ``config`` asks for it. Chapter 3's
     own GRPO loop trains it."""
-    from .train import add_lora, enable_activation_checkpointing
     policy = add_lora(model, config)
     load_adapter_state(policy, folder)
     if config.gradient_checkpointing:         # the binder profile: the loop's passes recompute
@@ -104,25 +119,38 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
     (``runs_dir()/grpo``: its warm start and GRPO adapter, which
     :func:`~grpo_course.models.load_model` merges) when chapter 3 ran on this profile; else the
     same recipe trained now from the warm start for ``profile.quant_policy_steps`` steps, saved
-    under ``runs_dir()/policy`` and reused while its recipe and code are unchanged."""
-    from .models import runs_dir
-    from .train import CourseTrainer
+    under ``runs_dir()/policy`` and reused while its recipe, code and data are unchanged. A saved
+    adapter that does not load is trained again, with one line saying so."""
 
     chapter3 = runs_dir(profile.name) / "grpo"
-    if (chapter3 / "adapter_config.json").is_file():
-        return chapter3, "chapter 3's GRPO policy (its warm start and GRPO adapter, merged)"
+    adapter = "adapter_model.safetensors"
+    if (chapter3 / "adapter_config.json").is_file() and (chapter3 / adapter).is_file():
+        ran = {k: list(v) if isinstance(v, tuple) else v
+               for k, v in (load_run_config(chapter3) or {}).items()}
+        same = all(ran.get(k) == v for k, v in config_to_dict(profile.grpo).items())
+        broken = unloadable(chapter3 / adapter)
+        if same and broken is None:
+            return chapter3, "chapter 3's GRPO policy (its warm start and GRPO adapter, merged)"
+        print(f"{chapter3} is not chapter 3's run of this recipe "
+              f"({broken or 'its config.yaml differs'}); training the policy here")
     config = dataclasses.replace(profile.grpo, max_steps=profile.quant_policy_steps)
     sft_dir = warm_start(config, train_dataset)
-    key = f"{warm_start_key(config, train_dataset)}-{config.max_steps}"
+
+    # the warm start's key (its recipe, data and code), every field of the GRPO recipe and the
+    # code that trains it
+    recipe = json.dumps({"config": config_to_dict(config), "code": code_fingerprint(*POLICY_MODULES)},
+                        sort_keys=True, default=str)
+    key = f"{warm_start_key(config, train_dataset)}-{hashlib.sha256(recipe.encode()).hexdigest()[:20]}"
     folder = runs_dir(profile.name) / POLICY_DIR
     steps = f"{config.max_steps} GRPO step{'s' if config.max_steps != 1 else ''}"
     how = (f"chapter 3's recipe, trained here for {steps} from the warm start (chapter 3's "
            f"policy is not in the cache; run chapter 3 for its longer run)")
     if (folder / "adapter_config.json").is_file() and (folder / "policy_key.txt").is_file() \
             and (folder / "policy_key.txt").read_text() == key:
-        return folder, how
-    from .atomic import write_text_atomic
-    from .models import load_model
+        broken = unloadable(folder / adapter)
+        if broken is None:
+            return folder, how
+        print(f"{folder / adapter} does not load ({broken}); training the policy again")
 
     (folder / "policy_key.txt").unlink(missing_ok=True)   # stale until the new policy is saved
     model, tokenizer = load_model(config.model)
