@@ -413,7 +413,7 @@ class Profile:
 
 #: GRPO steps of the full profile, sized to what chapter 3's 15 minutes on 2 cores leave after its
 #: evaluations and the student's loop: with native bf16 (AVX512-BF16 or AMX) both the sampler and
-#: the training pass run in bf16; elsewhere both run in fp32, at about half the speed. The chapter
+#: the training pass run in bf16; elsewhere both run in fp32, slower (bench/throughput.py). The chapter
 #: prints its own minutes; ``make book`` on a clean clone is where they are measured.
 FULL_GRPO_STEPS = {"native_bf16": 14, "fp32": 6}
 

@@ -34,8 +34,8 @@ def return_freed_memory(threshold: int = 128 * 1024) -> bool:
     """Make the C allocator hand blocks of ``threshold`` bytes or more back to the system as soon
     as they are freed. By default glibc raises this threshold (up to 32 MiB) each time a large
     block is freed; from then on tensors of a few MiB come from the heap, and the heap keeps what a
-    training step freed: the resident memory of a chapter grew by about 2 GiB that way, with
-    nothing alive in it. Fixing the threshold turns that raise off. Returns ``False`` where the C
+    training step freed: a chapter's resident memory grew by gigabytes that way, with nothing
+    alive in it. Fixing the threshold turns that raise off. Returns ``False`` where the C
     library is not glibc (nothing changes there)."""
     mallopt = _libc("mallopt")
     return bool(mallopt and mallopt(M_MMAP_THRESHOLD, int(threshold)))
@@ -120,8 +120,8 @@ def trim_heap() -> int:
     """In low-memory mode, hand the free pages inside glibc's heaps back to the system
     (``malloc_trim``) and return how many bytes the resident memory fell; 0 otherwise. A training
     step frees thousands of small blocks (under the mmap threshold) that stay in the heap between
-    live ones: measured on the binder profile, +10 MiB of resident memory per GRPO update that no
-    tensor used, flat with a trim after each update."""
+    live ones: on the binder profile the resident memory crept up with every GRPO update, with no
+    tensor using it, and stays flat with a trim after each update."""
     if not low_memory():
         return 0
     trim = _libc("malloc_trim")

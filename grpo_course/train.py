@@ -101,8 +101,8 @@ def score_groups(completions: list, rows: dict[str, list], reward_funcs: dict[st
     The weighted sum is :func:`grpo_course.rewards.weighted_sum`'s, of the values as the
     functions returned them, rounded to float32 once: the very rewards of a step written out
     with ``score_completions`` and ``weighted_sum`` (chapter 3). One float32 ulp apart, the two
-    steps' advantages differ by ~1e-7, and a frozen base held in bf16 turns that into different
-    bf16 roundings and a gradient ~1 % apart."""
+    steps' advantages differ in the last float32 place, and a frozen base held in bf16 turns that
+    into different bf16 roundings and visibly different gradients."""
     columns = {k: [v for v in values for _ in range(G)] for k, values in rows.items()
                if k != "question"}
     per_func = {n: checked_rewards(n, fn(completions, **columns), len(completions))

@@ -124,7 +124,7 @@ def test_norms_cast_once_same_logps_and_close_gradients():
     assert seen == [torch.float32] * 2 + [torch.bfloat16] * 2 + [torch.float32] * 2
     assert torch.equal(a, b) and torch.equal(a, c)
     for name in ga:   # bf16 sums in another order: each gradient within 2 % of the other's norm
-        assert float((ga[name] - gb[name]).norm() / ga[name].norm()) < 0.02, name   # (0.3-0.9 %)
+        assert float((ga[name] - gb[name]).norm() / ga[name].norm()) < 0.02, name
     assert q.cast_input_dtype_enabled                              # peft's own cast is back
 
 
