@@ -18,7 +18,6 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from . import hardware
-from .atomic import write_text_atomic
 from .errors import CourseError
 
 PROFILE_ENV = "GRPO_COURSE_PROFILE"
@@ -200,8 +199,6 @@ def check_group_config(num_generations: int, batch_completions: int) -> None:
 # ---------------------------------------------------------------- recipes and run configs
 #: the recipes (package data; ``recipes/`` at the top of the checkout points here)
 RECIPES_DIR = Path(str(resources.files("grpo_course") / "recipes"))
-RUN_CONFIG_FILE = "config.yaml"     # a run folder's resolved GRPOConfig (+ profile)
-RUN_KEYS = ("trainer", "profile")   # the keys of a run's config.yaml that are not GRPOConfig fields
 _TRUE, _FALSE = ("true", "yes", "y", "1"), ("false", "no", "n", "0")
 
 
@@ -289,33 +286,6 @@ def load_recipe(path: str | os.PathLike, extra_keys: tuple[str, ...] = ()) -> di
 def config_to_dict(config: GRPOConfig) -> dict[str, Any]:
     """Every field of ``config`` as plain YAML/JSON values (tuples become lists)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
-
-
-#: What trained a run folder (the ``trainer`` key of its config.yaml).
-TRAINERS = ("course", "trl", "curriculum")
-
-
-def save_run_config(folder: str | os.PathLike, config: GRPOConfig,
-                    profile: str | None = None, trainer: str = "course") -> Path:
-    """Write ``folder/config.yaml`` atomically: the trainer, the profile's name and every field
-    of ``config``. It is a recipe too: ``--config folder/config.yaml`` reruns it."""
-    if trainer not in TRAINERS:
-        raise ConfigError(f"trainer {trainer!r}: choose one of {', '.join(TRAINERS)}")
-    folder = Path(folder)
-    body = {"trainer": trainer} | ({"profile": profile} if profile else {}) | config_to_dict(config)
-    command = "grpo_course.trl_bridge" if trainer == "trl" else "grpo_course.train"
-    text = (f"# The resolved GRPOConfig of this run ({trainer} trainer).\n"
-            f"# Rerun: python -m {command} --config {folder / RUN_CONFIG_FILE} --out NEW_DIR\n"
-            + yaml.safe_dump(body, sort_keys=False))
-    return write_text_atomic(folder / RUN_CONFIG_FILE, text)
-
-
-def load_run_config(folder: str | os.PathLike) -> dict[str, Any] | None:
-    """The config a run folder was trained with (``trainer``, ``profile`` + fields), or ``None``."""
-    path = Path(folder) / RUN_CONFIG_FILE
-    if not path.is_file():
-        return None
-    return load_recipe(path, extra_keys=RUN_KEYS)
 
 
 @dataclass(frozen=True)

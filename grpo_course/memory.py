@@ -9,11 +9,16 @@ picks the ``binder`` profile automatically on small machines (:func:`grpo_course
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import os
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from .config import PROFILES
 from .hardware import SMALL_MACHINE_BYTES, cgroup_limit_bytes, memory_limit_bytes  # noqa: F401 (re-exported)
@@ -43,8 +48,6 @@ def return_freed_memory(threshold: int = 128 * 1024) -> bool:
 
 def _libc(name: str):
     """glibc's function ``name`` (``None`` off Linux or where the C library is not glibc)."""
-    import ctypes
-    import sys
 
     if not sys.platform.startswith("linux"):
         return None
@@ -127,7 +130,6 @@ def trim_heap() -> int:
     trim = _libc("malloc_trim")
     if trim is None:
         return 0
-    import psutil
 
     before = psutil.Process().memory_info().rss
     trim(0)
@@ -138,7 +140,6 @@ def free_memory() -> int:
     """Collect Python's garbage now (a trainer and its model hold reference cycles, so ``del`` alone
     does not free them), then :func:`trim_heap`; returns the bytes the resident memory fell by
     (0 outside low-memory mode, where only the collection runs)."""
-    import gc
 
     gc.collect()
     return trim_heap()
@@ -146,7 +147,6 @@ def free_memory() -> int:
 
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of process ``pid`` and all its descendants now (0 once it is gone)."""
-    import psutil
 
     try:
         root = psutil.Process(pid)

@@ -20,9 +20,10 @@ import torch
 from safetensors.torch import load_file
 
 from .atomic import atomic_write, write_text_atomic
-from .config import config_to_dict, load_run_config
+from .config import config_to_dict
 from .fingerprint import code_fingerprint, data_hash
 from .models import cache_dir, load_model, runs_dir
+from .runs import load_run_config
 from .sampling import resolve_sampling_dtype
 from .train import (  # noqa: F401 (STATE_FILE, load_adapter_state: chapters import them here)
     STATE_FILE,

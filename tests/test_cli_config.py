@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from grpo_course import config as C
+from grpo_course import runs as R
 from grpo_course.cli import build_parser, parse_train_args
 from grpo_course.config import GRPOConfig, load_recipe
 from tests.helpers import tiny_model, tiny_tokenizer
@@ -41,7 +42,7 @@ def _recipe(tmp_path, text: str, name: str = "recipe.yaml"):
 
 
 def _saved(folder) -> dict:
-    return yaml.safe_load((folder / C.RUN_CONFIG_FILE).read_text())
+    return yaml.safe_load((folder / R.RUN_CONFIG_FILE).read_text())
 
 
 # ---------------------------------------------------------------- the acceptance run
@@ -65,7 +66,7 @@ def test_smoke_run_with_a_recipe_and_two_flags(tiny_run, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 1
     # the saved config is a recipe: it resolves to the same GRPOConfig
     _, again, profile = parse_train_args(["--out", str(tmp_path / "x"), "--config",
-                                          str(out / C.RUN_CONFIG_FILE)])
+                                          str(out / R.RUN_CONFIG_FILE)])
     assert profile == "smoke" and C.config_to_dict(again) == {k: saved[k] for k in FIELDS}
 
 
@@ -161,8 +162,8 @@ def test_run_config_is_printed_by_the_runs_helper_and_evaluate(tmp_path, capsys)
     from grpo_course.evaluate import run_configs
     from grpo_course.plotting import config_differences, print_run_config
     cfg = GRPOConfig(num_generations=2, loss_type="dapo")
-    C.save_run_config(tmp_path / "a", cfg, "smoke")
-    C.save_run_config(tmp_path / "b", GRPOConfig(), "full")
+    R.save_run_config(tmp_path / "a", cfg, "smoke")
+    R.save_run_config(tmp_path / "b", GRPOConfig(), "full")
     assert print_run_config(tmp_path / "a")["loss_type"] == "dapo"
     assert re.search(r"\n  num_generations +2\n", capsys.readouterr().out)
     diff = config_differences({"a": tmp_path / "a", "b": tmp_path / "b"})

@@ -8,7 +8,8 @@ import types
 import pytest
 
 from grpo_course import runs
-from grpo_course.config import ConfigError, GRPOConfig, load_run_config
+from grpo_course.config import ConfigError, GRPOConfig
+from grpo_course.runs import load_run_config
 from tests.helpers import ADDITION_ROWS as ROWS
 from tests.helpers import tiny_trainer as _trainer
 

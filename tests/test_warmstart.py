@@ -10,8 +10,9 @@ import torch
 from safetensors.torch import save_file
 
 from grpo_course import warmstart
-from grpo_course.config import GRPOConfig, get_profile, save_run_config
+from grpo_course.config import GRPOConfig, get_profile
 from grpo_course.models import runs_dir
+from grpo_course.runs import save_run_config
 from grpo_course.train import CourseTrainer
 from tests.helpers import ADDITION_ROWS, tiny_model, tiny_tokenizer
 
