@@ -13,8 +13,7 @@ from grpo_course.data import (
     parse_row,
     read_jsonl,
 )
-
-from .conftest import ROWS, write_jsonl
+from tests.helpers import ROWS, write_jsonl
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -21,18 +21,6 @@ from tests import helpers
 PROMPTS = ["What is 2 + 3?", "Tom has 4 apples and eats one. How many are left?"]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from grpo_course.models import bundled_model_dir
-
-    tok = AutoTokenizer.from_pretrained(bundled_model_dir())
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
 
 def tiny_llama(tokenizer, seed: int = 0):
     return helpers.tiny_llama(seed, vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
@@ -74,14 +62,13 @@ def stand_in_step(model, tokenizer, optimizer, timer, G: int = 2, T: int = 6, se
 
 
 # ---------------------------------------------------------------- phase timer
-@pytest.mark.needs_model
-def test_phases_sum_to_step_time(tokenizer):
-    model = tiny_llama(tokenizer)
+def test_phases_sum_to_step_time(bundled_tokenizer):
+    model = tiny_llama(bundled_tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     timer = prof.PhaseTimer()
     for _ in range(3):
         with timer.step():
-            stand_in_step(model, tokenizer, opt, timer)
+            stand_in_step(model, bundled_tokenizer, opt, timer)
     assert len(timer.records) == 3
     for rec in timer.records:
         assert set(rec.phases) == {"sampling", "rewards", "forward_backward", "optimizer"}
@@ -99,13 +86,12 @@ def test_phases_sum_to_step_time(tokenizer):
     assert timer.counts["optimizer"] == 3
 
 
-@pytest.mark.needs_model
-def test_timer_does_not_change_training(tokenizer):
+def test_timer_does_not_change_training(bundled_tokenizer):
     results = []
     for timer in (NullTimer(), prof.PhaseTimer()):
-        model = tiny_llama(tokenizer, seed=1)
+        model = tiny_llama(bundled_tokenizer, seed=1)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        losses = [stand_in_step(model, tokenizer, opt, timer, seed=s) for s in range(2)]
+        losses = [stand_in_step(model, bundled_tokenizer, opt, timer, seed=s) for s in range(2)]
         results.append((losses, [p.detach().clone() for p in model.parameters()]))
     (l0, p0), (l1, p1) = results
     assert l0 == l1
@@ -188,8 +174,8 @@ def test_cpu_utilization_is_a_fraction_of_the_cores():
 
 
 # ---------------------------------------------------------------- torch.profiler
-def test_top_ops_on_tiny_llama(tokenizer, tmp_path):
-    model = tiny_llama(tokenizer).eval()
+def test_top_ops_on_tiny_llama(bundled_tokenizer, tmp_path):
+    model = tiny_llama(bundled_tokenizer).eval()
     ids = torch.randint(0, 100, (2, 12))
     trace = tmp_path / "trace.json"
     with torch.no_grad():
@@ -230,7 +216,7 @@ def test_run_with_threads_and_omp_order():
 
 
 # ---------------------------------------------------------------- the course trainer
-def test_course_trainer_phases_and_unchanged_results(tokenizer):
+def test_course_trainer_phases_and_unchanged_results(bundled_tokenizer):
     train = pytest.importorskip("grpo_course.train")
     from grpo_course.config import GRPOConfig
 
@@ -239,8 +225,8 @@ def test_course_trainer_phases_and_unchanged_results(tokenizer):
                      lora_r=2, lora_alpha=4)
     results = []
     for timer in (None, prof.PhaseTimer()):
-        model = tiny_llama(tokenizer, seed=2)
-        trainer = train.CourseTrainer(model, tokenizer, cfg, [dict(question=q, answer=a)
+        model = tiny_llama(bundled_tokenizer, seed=2)
+        trainer = train.CourseTrainer(model, bundled_tokenizer, cfg, [dict(question=q, answer=a)
                                       for q, a in zip(rows["question"], rows["answer"], strict=False)],
                                       skip_zero_variance=False, timer=timer)
         for _ in range(2):

@@ -1,4 +1,4 @@
-"""The levers that give GRPO a learning signal in every step (chapter 3): dynamic sampling,
+"""``grpo_course.train``'s CourseTrainer: the levers that give GRPO a learning signal in every step (chapter 3): dynamic sampling,
 prompt order, num_iterations, masking truncated completions, the bf16 training pass, the
 dense intermediate-results reward, and the warm-up adapter saved for attribution."""
 from __future__ import annotations

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from grpo_course.errors import CourseError, RewardError
-from tests.conftest import ROWS, write_jsonl
-from tests.helpers import tiny_model, tiny_tokenizer
+from tests.helpers import ROWS, tiny_model, tiny_tokenizer, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 
