@@ -133,7 +133,7 @@ def grpo_config_from_course(cfg: GRPOConfig, output_dir: str | os.PathLike,
     With ``micro_batch`` the step's completions are still generated at once and make one
     update, but pass through the model ``micro_batch`` at a time (TRL's gradient accumulation:
     ``per_device_train_batch_size=micro_batch``); the loss is the same, the memory of the
-    backward pass shrinks with the micro-batch (the binder profile: ``Profile.trl_micro_batch``).
+    backward pass shrinks with the micro-batch (the binder profile: ``Profile.trl.micro_batch``).
     ``overrides`` replace any ``trl.GRPOConfig`` field (TRL's own checks then apply).
     """
     from trl import GRPOConfig as TRLConfig

@@ -119,7 +119,7 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
     """A GRPO-trained policy of ``profile``'s recipe and one sentence saying which: chapter 3's
     (``runs_dir()/grpo``: its warm start and GRPO adapter, which
     :func:`~grpo_course.models.load_model` merges) when chapter 3 ran on this profile; else the
-    same recipe trained now from the warm start for ``profile.quant_policy_steps`` steps, saved
+    same recipe trained now from the warm start for ``profile.quant.policy_steps`` steps, saved
     under ``runs_dir()/policy`` and reused while its recipe, code and data are unchanged. A saved
     adapter that does not load is trained again, with one line saying so."""
 
@@ -134,7 +134,7 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
             return chapter3, "chapter 3's GRPO policy (its warm start and GRPO adapter, merged)"
         print(f"{chapter3} is not chapter 3's run of this recipe "
               f"({broken or 'its config.yaml differs'}); training the policy here")
-    config = dataclasses.replace(profile.grpo, max_steps=profile.quant_policy_steps)
+    config = dataclasses.replace(profile.grpo, max_steps=profile.quant.policy_steps)
     sft_dir = warm_start(config, train_dataset)
 
     # the warm start's key (its recipe, data and code), every field of the GRPO recipe and the

@@ -71,3 +71,23 @@ def test_full_grpo_steps_are_sized_to_the_cpu(monkeypatch):
     assert fast > slow > PROFILES["smoke"].grpo.max_steps
     monkeypatch.undo()
     assert PROFILES["full"].grpo.max_steps == config.full_grpo_steps()
+
+
+def test_every_profile_section_field_is_read_somewhere():
+    """No dead fields: each chapter section's fields are read by a chapter or the package
+    (``P.quant.eval_n``, ``self.short.num_generations``, ``profile.quant.policy_steps``)."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from grpo_course.config import Profile
+
+    root = Path(__file__).resolve().parents[1]
+    text = "\n".join(p.read_text() for pattern in ("notebooks/*.ipynb", "grpo_course/*.py")
+                     for p in root.glob(pattern) if p.name != "config.py")
+    text += (root / "grpo_course" / "config.py").read_text().split("class Profile:")[1]
+    sections = [f for f in dataclasses.fields(Profile) if f.default_factory is not dataclasses.MISSING]
+    assert {s.name for s in sections} == {"data", "rewards", "loop", "trl", "cl", "quant", "prof", "short"}
+    unread = [f"{s.name}.{f.name}" for s in sections for f in dataclasses.fields(s.default_factory)
+              if not re.search(rf"\.{s.name}\.{f.name}\b", text)]
+    assert not unread, unread

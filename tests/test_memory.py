@@ -86,9 +86,9 @@ def test_binder_profile_keeps_the_full_recipe_with_less_memory():
                  "max_completion_length", "learning_rate", "dynamic_sampling"):
         assert getattr(binder.grpo, name) == getattr(full.grpo, name), name
     assert binder.grpo.per_step_completions < full.grpo.per_step_completions
-    assert binder.eval.batch_size < full.eval.batch_size and binder.trl_ddp_steps == 0
+    assert binder.eval.batch_size < full.eval.batch_size and binder.trl.ddp_steps == 0
     assert binder.grpo.per_step_completions % binder.grpo.num_generations == 0
-    assert binder.short_per_step_completions % binder.short_num_generations == 0
+    assert binder.short.per_step_completions % binder.short.num_generations == 0
 
 
 def test_peak_rises_name_the_cell_that_added_the_memory():

@@ -115,6 +115,6 @@ def test_chapter_3_loop_is_written_out_in_at_most_60_lines():
     for piece in ("log_softmax", "gather", "torch.clamp", "backward()", "optimizer.step()",
                   "completion_mask", "disable_adapter"):
         assert piece in code, f"the loop section does not write out {piece}"
-    assert re.search(r"for step in tqdm\(range\(steps\)", code) and "P.loop_steps" in code, \
-        "the loop must run P.loop_steps steps with a progress bar"
+    assert re.search(r"for step in tqdm\(range\(steps\)", code) and "P.loop.steps" in code, \
+        "the loop must run P.loop.steps steps with a progress bar"
     assert "LiveCurves" in code, "the loop must plot its reward as it trains"

@@ -29,7 +29,7 @@ def test_notebook_grpo_config_equals_the_bridge(profile, monkeypatch, tmp_path):
     args, P, cfg = namespace["args"], namespace["P"], namespace["cfg"]
     assert P.name == profile
     assert "GRPOConfig(" in cell_source("c03") and "GRPOTrainer(" in cell_source("c10")
-    bridge = trl_bridge.grpo_config_from_course(cfg, namespace["out_dir"], micro_batch=P.trl_micro_batch,
+    bridge = trl_bridge.grpo_config_from_course(cfg, namespace["out_dir"], micro_batch=P.trl.micro_batch,
                                                 bf16=args.bf16, disable_tqdm=False)
     assert trl_bridge.config_differences(args, bridge) == {}
     assert namespace["peft_config"].to_dict() == trl_bridge.lora_config_from_course(cfg).to_dict()

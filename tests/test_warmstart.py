@@ -88,12 +88,13 @@ def test_a_policy_that_does_not_load_is_trained_again(fake_training, capsys):
 
 
 def test_otherwise_the_recipe_is_trained_once_and_reused(fake_training):
-    profile = replace(get_profile("smoke"), quant_policy_steps=3)
+    profile = get_profile("smoke")
+    profile = replace(profile, quant=replace(profile.quant, policy_steps=3))
     folder, how = warmstart.trained_policy(profile, [])
     assert folder.name == warmstart.POLICY_DIR and FakeTrainer.runs == 1
     assert "3 GRPO steps" in how and (folder / "adapter_config.json").is_file()
     assert warmstart.trained_policy(profile, [])[0] == folder and FakeTrainer.runs == 1   # reused
-    warmstart.trained_policy(replace(profile, quant_policy_steps=4), [])                # new key
+    warmstart.trained_policy(replace(profile, quant=replace(profile.quant, policy_steps=4)), [])  # new key
     assert FakeTrainer.runs == 2
     changed = replace(profile, grpo=replace(profile.grpo, learning_rate=1e-3))          # GRPO field
     warmstart.trained_policy(changed, [])
