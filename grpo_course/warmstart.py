@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from .atomic import atomic_write, write_text_atomic
 from .config import config_to_dict
 from .fingerprint import code_fingerprint, data_hash
+from .memory import free_memory
 from .models import cache_dir, load_model, runs_dir
 from .runs import load_run_config
 from .sampling import resolve_sampling_dtype
@@ -72,6 +73,12 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
     if verbose:
         print(f"warm start: training {config.sft_steps} SFT steps once; every chapter then "
               f"reuses them from {folder}")
+    _train_warm_start(config, train_dataset, folder)
+    free_memory()        # the trainer and its model hold reference cycles: gone before the caller loads
+    return folder
+
+
+def _train_warm_start(config, train_dataset, folder: Path) -> None:
     model, tokenizer = load_model(config.model)
     trainer = CourseTrainer(model, tokenizer, dataclasses.replace(config, max_steps=0),
                             train_dataset)
@@ -82,7 +89,7 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
         torch.save({n: p.detach().clone() for n, p in trainer.model.named_parameters()
                     if p.requires_grad}, tmp / STATE_FILE)
         (tmp / "sft_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-    return atomic_write(folder, write, folder=True)
+    atomic_write(folder, write, folder=True)
 
 
 def unloadable(path: Path) -> str | None:
