@@ -119,8 +119,9 @@ def test_killed_process_leaves_the_old_file(tmp_path):
 
 
 # ---------------------------------------------------------------- the course's writers
-def torn_save_file(monkeypatch) -> None:
-    """Fault injection: safetensors' ``save_file`` writes the file, tears it, then raises."""
+def torn_save_file(monkeypatch, module) -> None:
+    """Fault injection: safetensors' ``save_file``, as ``module`` calls it, writes the file,
+    tears it, then raises."""
     import safetensors.torch
     real = safetensors.torch.save_file
 
@@ -128,7 +129,7 @@ def torn_save_file(monkeypatch) -> None:
         real(tensors, filename, metadata)
         Path(filename).write_bytes(Path(filename).read_bytes()[:10])
         raise Boom
-    monkeypatch.setattr(safetensors.torch, "save_file", torn)
+    monkeypatch.setattr(module, "save_file", torn)
 
 
 def test_save_quantized_interrupted_keeps_the_old_variant(tmp_path, monkeypatch):
@@ -137,7 +138,7 @@ def test_save_quantized_interrupted_keeps_the_old_variant(tmp_path, monkeypatch)
     model = Q.quantize(tiny_llama(), "dynamic")
     folder = Q.save_quantized(model, None, tmp_path / "dynamic", "dynamic")
     before = snapshot(folder)
-    torn_save_file(monkeypatch)
+    torn_save_file(monkeypatch, Q)
     with pytest.raises(Boom):
         Q.save_quantized(model, None, folder, "dynamic")
     assert snapshot(folder) == before and siblings(folder) == ["dynamic"]
@@ -146,12 +147,13 @@ def test_save_quantized_interrupted_keeps_the_old_variant(tmp_path, monkeypatch)
 
 
 def test_ewc_save_interrupted_keeps_the_old_file(tmp_path, monkeypatch):
+    from grpo_course import curriculum
     from grpo_course.curriculum import EWC
 
     ewc = EWC({"w": torch.ones(3)}, {"w": torch.zeros(3)}, lam=2.0)
     path = ewc.save(tmp_path)
     before = path.read_bytes()
-    torn_save_file(monkeypatch)
+    torn_save_file(monkeypatch, curriculum)
     ewc.lam = 5.0
     with pytest.raises(Boom):
         ewc.save(tmp_path)
