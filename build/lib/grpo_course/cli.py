@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,8 @@ from typing import Any, Union, get_args, get_origin
 
 from transformers import HfArgumentParser
 
-from .config import RUN_KEYS, ConfigError, GRPOConfig, coerce_field, get_profile, load_recipe, load_run_config
+from .config import ConfigError, GRPOConfig, coerce_field, get_profile, load_recipe
+from .runs import RUN_KEYS, load_run_config
 
 CHECKPOINT = "checkpoint"
 
@@ -184,6 +186,5 @@ def config_flags(config: GRPOConfig, profile: str, recipe: str | Path | None = N
 def train_command(config: GRPOConfig, profile: str, out: str | Path,
                   recipe: str | Path | None = None) -> str:
     """The shell command that trains ``config`` (what a chapter prints for its run)."""
-    import shlex
     words = ["python", "-m", "grpo_course.train", *config_flags(config, profile, recipe)]
     return " ".join(shlex.quote(w) for w in [*words, "--out", str(out)])

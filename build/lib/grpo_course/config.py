@@ -18,7 +18,6 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from . import hardware
-from .atomic import write_text_atomic
 from .errors import CourseError
 
 PROFILE_ENV = "GRPO_COURSE_PROFILE"
@@ -200,8 +199,6 @@ def check_group_config(num_generations: int, batch_completions: int) -> None:
 # ---------------------------------------------------------------- recipes and run configs
 #: the recipes (package data; ``recipes/`` at the top of the checkout points here)
 RECIPES_DIR = Path(str(resources.files("grpo_course") / "recipes"))
-RUN_CONFIG_FILE = "config.yaml"     # a run folder's resolved GRPOConfig (+ profile)
-RUN_KEYS = ("trainer", "profile")   # the keys of a run's config.yaml that are not GRPOConfig fields
 _TRUE, _FALSE = ("true", "yes", "y", "1"), ("false", "no", "n", "0")
 
 
@@ -291,109 +288,125 @@ def config_to_dict(config: GRPOConfig) -> dict[str, Any]:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
 
 
-#: What trained a run folder (the ``trainer`` key of its config.yaml).
-TRAINERS = ("course", "trl", "curriculum")
+@dataclass(frozen=True)
+class DataSizes:
+    """Chapter 1 (GSM8K prep)."""
+    n_inspect: int = 2000            # rows for the length histograms
+    n_demo: int = 3                  # problems answered live
 
 
-def save_run_config(folder: str | os.PathLike, config: GRPOConfig,
-                    profile: str | None = None, trainer: str = "course") -> Path:
-    """Write ``folder/config.yaml`` atomically: the trainer, the profile's name and every field
-    of ``config``. It is a recipe too: ``--config folder/config.yaml`` reruns it."""
-    if trainer not in TRAINERS:
-        raise ConfigError(f"trainer {trainer!r}: choose one of {', '.join(TRAINERS)}")
-    folder = Path(folder)
-    body = {"trainer": trainer} | ({"profile": profile} if profile else {}) | config_to_dict(config)
-    command = "grpo_course.trl_bridge" if trainer == "trl" else "grpo_course.train"
-    text = (f"# The resolved GRPOConfig of this run ({trainer} trainer).\n"
-            f"# Rerun: python -m {command} --config {folder / RUN_CONFIG_FILE} --out NEW_DIR\n"
-            + yaml.safe_dump(body, sort_keys=False))
-    return write_text_atomic(folder / RUN_CONFIG_FILE, text)
+@dataclass(frozen=True)
+class RewardSizes:
+    """Chapter 2 (rewards): the samples behind the reward distributions (G = grpo.num_generations)."""
+    prompts: int = 8                 # prompts sampled
+    max_new_tokens: int = 160        # completion budget of those samples
 
 
-def load_run_config(folder: str | os.PathLike) -> dict[str, Any] | None:
-    """The config a run folder was trained with (``trainer``, ``profile`` + fields), or ``None``."""
-    path = Path(folder) / RUN_CONFIG_FILE
-    if not path.is_file():
-        return None
-    return load_recipe(path, extra_keys=RUN_KEYS)
+@dataclass(frozen=True)
+class LoopSizes:
+    """Chapter 3: pass@G before and after GRPO, and your GRPO loop (written out in the notebook),
+    run twice from the warm start: as the profile's recipe runs (beta = 0, one update per batch)
+    and with a KL term and batch reuse."""
+    pass_k_prompts: int = 8          # first training prompts of the pass@G table
+    steps: int = 10                  # steps of the first run (the profile's beta and mu)
+    kl_steps: int = 5                # steps of the second run (beta > 0, mu > 1)
+    prompts: int = 1                 # prompts per step (G completions each)
+    pool: int = 8                    # basic training problems the loop cycles through
+    beta: float = 0.04               # the second run's beta (DeepSeekMath's)
+    num_iterations: int = 2          # the second run's updates per batch (mu)
+    changes: dict[str, Any] = field(default_factory=dict)   # GRPOConfig changes for the loop
+
+
+@dataclass(frozen=True)
+class TRLSizes:
+    """Chapter 4 (TRL's GRPOTrainer); the rest of the run uses ``grpo`` and ``eval``."""
+    max_steps: int = 16              # optimizer steps of each trainer
+    eval_n: int = 128                # held-out problems per model (the warm start's are reused
+                                     # from chapter 3's cached evaluation)
+    ddp_steps: int = 1               # steps of the 2-process TRL run (0: skipped)
+    dtype: str = "float32"           # TRL's weights: float32 (and bf16=False), or auto: bf16
+                                     # weights and bf16=True where the CPU has bf16
+    micro_batch: int | None = None   # completions per forward/backward pass of TRL's step
+                                     # (gradient accumulation; None: the whole step at once),
+                                     # like GRPOConfig.train_micro_batch
+
+
+@dataclass(frozen=True)
+class CurriculumSizes:
+    """Chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides."""
+    steps_per_stage: int = 4                     # GRPO steps per stage (and per swept lambda)
+    max_completion_length: int = 96             # completion budget while training
+    eval_n: int = 40                             # held-out basic (stage-1) test problems
+    eval_max_new_tokens: int = 96                # greedy budget of those evaluations
+    fisher_prompts: int = 8                      # stage-1 problems for the Fisher
+    fisher_many_prompts: int = 16                # ... for the many-sample Fisher it is checked against
+    nll_rows: int = 64                           # held-out stage-1 solutions scored
+    reward_samples: int = 6                      # samples per problem of a stage's own-problem reward
+    lam: float = 1e4                             # EWC strength of the main run
+    sweep_lams: tuple[float, ...] = (0.0, 1e4, 1e6)   # 0 and lam: the two curriculum runs
+
+
+@dataclass(frozen=True)
+class QuantSizes:
+    """Chapter 6 (INT8): logits agreement, decode timing, held-out evaluation of each variant."""
+    agreement_prompts: int = 16          # GSM8K test prompts for fp32-vs-INT8 logits
+    torchao_prompts: int = 2             # the same for torchao (its CPU int8 matmul is slow)
+    last_k: int = 16                     # compared positions at the end of each prompt
+    batch_sizes: tuple[int, ...] = (1, 8)
+    decode_tokens: int = 32              # new tokens per timing run
+    torchao_batch_sizes: tuple[int, ...] = (1, 8)
+    torchao_decode_tokens: int = 4
+    eval_n: int = 256                    # held-out problems per evaluated variant (paired)
+    policy_steps: int = 6                # GRPO steps of the policy trained here when chapter 3's
+                                         # is not in the cache (its recipe, from the warm start)
+
+
+@dataclass(frozen=True)
+class ProfilingSizes:
+    """Chapter 7 (CPU profiling); the profiled step itself uses ``grpo``."""
+    steps: int = 2                                   # timed trainer steps (after one warm-up)
+    threads: tuple[int, ...] = (1, 2, 3, 4)          # thread counts for the scaling runs
+    scaling_length: int = 32                         # completion budget of the scaling step
+    matmul_n: int = 2048                             # square matmul for peak GFLOP/s
+    copy_mib: int = 256                              # tensor copied for the bandwidth
+    lever_length: int = 32                           # completion budget of the lever steps
+    lever_generations: tuple[int, ...] = (2, 4, 8)
+    lever_lengths: tuple[int, ...] = (32, 64, 128)
+    nocache_tokens: int = 32                         # budget of the KV-cache lever
+    trace_step: dict[str, Any] = field(default_factory=dict)   # GRPOConfig changes for the step
+                                                     # torch.profiler records (it keeps every event
+                                                     # in memory, thousands of events per step)
+    full_finetune: bool = True                       # time a full fine-tuning step beside LoRA (its
+                                                     # gradients and AdamW moments of every weight)
+    logits_completions: int | None = None            # completions in the all-position-logits pass
+                                                     # (None: all)
+
+
+@dataclass(frozen=True)
+class ShortRunSizes:
+    """Chapters 4 and 5 train shorter runs than chapter 3, with smaller steps (see
+    :meth:`Profile.short_run`)."""
+    num_generations: int = 4             # G
+    per_step_completions: int = 8        # completions per step
+    num_iterations: int = 1              # updates per sampled batch
 
 
 @dataclass(frozen=True)
 class Profile:
-    """All sizes of one profile, per chapter."""
+    """All sizes of one profile: the evaluation and the GRPO recipe every chapter shares, then one
+    section per chapter (``P.quant.eval_n`` is chapter 6's held-out problems)."""
 
     name: str
     eval: EvalConfig
     grpo: GRPOConfig
-    # chapter 1
-    n_inspect: int = 2000            # rows for the length histograms
-    n_demo: int = 3                  # problems answered live
-    # chapter 2
-    reward_prompts: int = 8          # prompts sampled for the reward distributions (G = grpo.num_generations)
-    reward_max_new_tokens: int = 160  # completion budget of those samples
-    # chapter 3: pass@G on the first training prompts, before and after GRPO
-    pass_k_prompts: int = 8
-    # chapter 3: your GRPO loop (written out in the notebook), run twice from the warm start: as the
-    # profile's recipe runs (beta = 0, one update per batch) and with a KL term and batch reuse
-    loop_steps: int = 10                  # steps of the first run (the profile's beta and mu)
-    loop_kl_steps: int = 5                # steps of the second run (beta > 0, mu > 1)
-    loop_prompts: int = 1                 # prompts per step (G completions each)
-    loop_pool: int = 8                    # basic training problems the loop cycles through
-    loop_beta: float = 0.04               # the second run's beta (DeepSeekMath's)
-    loop_num_iterations: int = 2          # the second run's updates per batch (mu)
-    loop_changes: dict[str, Any] = field(default_factory=dict)   # GRPOConfig changes for the loop
-    # chapter 6 (INT8): logits agreement, decode timing, held-out eval of each variant
-    quant_agreement_prompts: int = 16     # GSM8K test prompts for fp32-vs-INT8 logits
-    quant_torchao_prompts: int = 2        # the same for torchao (its CPU int8 matmul is slow)
-    quant_last_k: int = 16                # compared positions at the end of each prompt
-    quant_batch_sizes: tuple[int, ...] = (1, 8)
-    quant_decode_tokens: int = 32         # new tokens per timing run
-    quant_torchao_batch_sizes: tuple[int, ...] = (1, 8)
-    quant_torchao_decode_tokens: int = 4
-    quant_eval_n: int = 256               # held-out problems per evaluated variant (paired)
-    quant_policy_steps: int = 6           # GRPO steps of the policy trained here when chapter 3's
-                                          # is not in the cache (its recipe, from the warm start)
-    # chapter 7 (profiling); the profiled step itself uses ``grpo``
-    prof_steps: int = 2                               # timed trainer steps (after one warm-up)
-    prof_threads: tuple[int, ...] = (1, 2, 3, 4)      # thread counts for the scaling runs
-    prof_scaling_length: int = 32                     # completion budget of the scaling step
-    prof_matmul_n: int = 2048                         # square matmul for peak GFLOP/s
-    prof_copy_mib: int = 256                          # tensor copied for the bandwidth
-    prof_lever_length: int = 32                       # completion budget of the lever steps
-    prof_lever_generations: tuple[int, ...] = (2, 4, 8)
-    prof_lever_lengths: tuple[int, ...] = (32, 64, 128)
-    prof_nocache_tokens: int = 32                     # budget of the KV-cache lever
-    prof_trace_step: dict[str, Any] = field(default_factory=dict)   # GRPOConfig changes for the step
-                                                      # torch.profiler records (it keeps every event in
-                                                      # memory, thousands of events per step)
-    prof_full_finetune: bool = True                   # time a full fine-tuning step beside LoRA (its
-                                                      # gradients and AdamW moments of every weight)
-    prof_logits_completions: int | None = None        # completions in the all-position-logits pass (None: all)
-    # chapter 4 (TRL GRPOTrainer); the rest of the run uses ``grpo`` and ``eval``
-    trl_max_steps: int = 16                           # optimizer steps of each trainer (smoke: 1)
-    trl_eval_n: int = 128                             # held-out problems per model (the warm start's are
-                                                      # reused from chapter 3's cached evaluation)
-    trl_ddp_steps: int = 1                            # steps of the 2-process TRL run (0: skipped)
-    trl_dtype: str = "float32"                        # TRL's weights: float32 (and bf16=False), or auto:
-                                                      # bf16 weights and bf16=True where the CPU has bf16
-    trl_micro_batch: int | None = None                # completions per forward/backward pass of TRL's step
-                                                      # (gradient accumulation; None: the whole step at
-                                                      # once), like GRPOConfig.train_micro_batch
-    # chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides
-    cl_steps_per_stage: int = 4                       # GRPO steps per curriculum stage (and per swept lambda)
-    cl_max_completion_length: int = 96                # completion budget while training
-    cl_eval_n: int = 40                               # held-out basic (stage-1) test problems
-    cl_eval_max_new_tokens: int = 96                  # greedy budget of those evaluations
-    cl_fisher_prompts: int = 8                        # stage-1 problems for the Fisher
-    cl_fisher_many_prompts: int = 16                  # ... for the many-sample Fisher it is checked against
-    cl_nll_rows: int = 64                             # held-out stage-1 solutions scored
-    cl_reward_samples: int = 6                        # samples per problem of a stage's own-problem reward
-    cl_lam: float = 1e4                               # EWC strength of the main run
-    cl_sweep_lams: tuple[float, ...] = (0.0, 1e4, 1e6)   # 0 and cl_lam: the two curriculum runs
-    # chapters 4 and 5 train shorter runs than chapter 3, with smaller steps (see short_run)
-    short_num_generations: int = 4                    # G of chapters 4 and 5
-    short_per_step_completions: int = 8               # completions per step there
-    short_num_iterations: int = 1                     # updates per sampled batch there
+    data: DataSizes = field(default_factory=DataSizes)               # chapter 1
+    rewards: RewardSizes = field(default_factory=RewardSizes)        # chapter 2
+    loop: LoopSizes = field(default_factory=LoopSizes)               # chapter 3
+    trl: TRLSizes = field(default_factory=TRLSizes)                  # chapter 4
+    cl: CurriculumSizes = field(default_factory=CurriculumSizes)     # chapter 5
+    quant: QuantSizes = field(default_factory=QuantSizes)            # chapter 6
+    prof: ProfilingSizes = field(default_factory=ProfilingSizes)     # chapter 7
+    short: ShortRunSizes = field(default_factory=ShortRunSizes)      # chapters 4 and 5
     # memory: trade a little speed for memory (grpo_course.memory.use_low_memory: freed tensors go
     # back to the system at once, heaps trimmed after each step, one sampler weight copy; binder)
     low_memory: bool = False
@@ -405,15 +418,15 @@ class Profile:
         """Chapter 3's recipe (levers, rewards, warm start) with the smaller steps of chapters
         4 and 5 (G, completions per step, updates per batch, a sampling round of one step's
         prompts) and ``changes`` on top."""
-        return replace(self.grpo, num_generations=self.short_num_generations,
-                       per_step_completions=self.short_per_step_completions,
+        return replace(self.grpo, num_generations=self.short.num_generations,
+                       per_step_completions=self.short.per_step_completions,
                        generation_batch_size=None,
-                       num_iterations=self.short_num_iterations, **changes)
+                       num_iterations=self.short.num_iterations, **changes)
 
 
 #: GRPO steps of the full profile, sized to what chapter 3's 15 minutes on 2 cores leave after its
 #: evaluations and the student's loop: with native bf16 (AVX512-BF16 or AMX) both the sampler and
-#: the training pass run in bf16; elsewhere both run in fp32, at about half the speed. The chapter
+#: the training pass run in bf16; elsewhere both run in fp32, slower (bench/throughput.py). The chapter
 #: prints its own minutes; ``make book`` on a clean clone is where they are measured.
 FULL_GRPO_STEPS = {"native_bf16": 14, "fp32": 6}
 
@@ -434,19 +447,19 @@ PROFILES: dict[str, Profile] = {
         grpo=GRPOConfig(max_steps=2, per_step_completions=8, num_generations=4,
                         max_completion_length=32, sft_steps=2, sft_batch_size=4,
                         **{**GRPO_LEVERS, "generation_batch_size": 16}),
-        n_inspect=200, n_demo=1, reward_prompts=2, reward_max_new_tokens=48,
-        quant_agreement_prompts=2, quant_torchao_prompts=1, quant_last_k=8,
-        quant_batch_sizes=(1,), quant_decode_tokens=6, quant_torchao_batch_sizes=(1,),
-        quant_torchao_decode_tokens=2, quant_eval_n=4, quant_policy_steps=1,
-        prof_steps=1, prof_threads=(1, 2), prof_scaling_length=8, prof_matmul_n=1024,
-        prof_copy_mib=64, prof_lever_length=8, prof_lever_generations=(2, 4),
-        prof_lever_lengths=(8, 16), prof_nocache_tokens=8,
-        trl_max_steps=1, trl_eval_n=8, trl_ddp_steps=1, pass_k_prompts=2,
-        loop_steps=2, loop_kl_steps=1, loop_prompts=1, loop_pool=2,
-        cl_steps_per_stage=1, cl_max_completion_length=16, cl_eval_n=2,
-        cl_eval_max_new_tokens=24, cl_fisher_prompts=2, cl_fisher_many_prompts=4, cl_nll_rows=4,
-        cl_reward_samples=2,
-        cl_sweep_lams=(0.0, 1e4, 1e6),
+        data=DataSizes(n_inspect=200, n_demo=1),
+        rewards=RewardSizes(prompts=2, max_new_tokens=48),
+        loop=LoopSizes(pass_k_prompts=2, steps=2, kl_steps=1, prompts=1, pool=2),
+        trl=TRLSizes(max_steps=1, eval_n=8, ddp_steps=1),
+        cl=CurriculumSizes(steps_per_stage=1, max_completion_length=16, eval_n=2,
+                           eval_max_new_tokens=24, fisher_prompts=2, fisher_many_prompts=4,
+                           nll_rows=4, reward_samples=2, sweep_lams=(0.0, 1e4, 1e6)),
+        quant=QuantSizes(agreement_prompts=2, torchao_prompts=1, last_k=8, batch_sizes=(1,),
+                         decode_tokens=6, torchao_batch_sizes=(1,), torchao_decode_tokens=2,
+                         eval_n=4, policy_steps=1),
+        prof=ProfilingSizes(steps=1, threads=(1, 2), scaling_length=8, matmul_n=1024, copy_mib=64,
+                            lever_length=8, lever_generations=(2, 4), lever_lengths=(8, 16),
+                            nocache_tokens=8),
     ),
     "full": Profile(
         name="full",
@@ -465,19 +478,19 @@ PROFILES: dict[str, Profile] = {
                         max_steps=full_grpo_steps(),
                         num_generations=8, per_step_completions=32, learning_rate=3e-4,
                         train_micro_batch=8, **GRPO_LEVERS),
-        n_inspect=7473, n_demo=3, reward_prompts=8, reward_max_new_tokens=160,
-        trl_micro_batch=2,
+        data=DataSizes(n_inspect=7473, n_demo=3),
+        rewards=RewardSizes(prompts=8, max_new_tokens=160),
         # chapter 3's loop: the notebook's own step has no prompt cache and no bf16 training pass,
         # so it samples one prompt a step with shorter completions
-        loop_changes={"max_completion_length": 96},
+        loop=LoopSizes(changes={"max_completion_length": 96}),
+        trl=TRLSizes(micro_batch=2),
         # chapter 7: the step under torch.profiler trains one group (it keeps every event in
         # memory), and the all-position-logits pass takes half a group (the whole batch's
         # [32, L, vocab] fp32 logits and their gradient are several GiB)
-        prof_trace_step={"per_step_completions": 8, "generation_batch_size": None},
-        prof_logits_completions=4,
+        prof=ProfilingSizes(trace_step={"per_step_completions": 8, "generation_batch_size": None},
+                            logits_completions=4),
     ),
 }
-
 
 
 def _binder_profile(full: Profile) -> Profile:
@@ -494,13 +507,14 @@ def _binder_profile(full: Profile) -> Profile:
         eval=EvalConfig(n=128, batch_size=8, max_new_tokens=200),
         grpo=replace(full.grpo, per_step_completions=8, generation_batch_size=16,
                      gradient_checkpointing=True),
-        reward_prompts=4, pass_k_prompts=4,
-        quant_eval_n=48, quant_policy_steps=4, prof_copy_mib=128,
-        prof_trace_step={"num_generations": 2, "per_step_completions": 2, "max_completion_length": 8,
-                         "generation_batch_size": None},
-        prof_full_finetune=False, prof_logits_completions=2,
-        trl_eval_n=128, trl_ddp_steps=0, trl_dtype="auto", trl_micro_batch=2,
-        short_per_step_completions=4,
+        rewards=replace(full.rewards, prompts=4),
+        loop=replace(full.loop, pass_k_prompts=4),
+        trl=replace(full.trl, eval_n=128, ddp_steps=0, dtype="auto", micro_batch=2),
+        quant=replace(full.quant, eval_n=48, policy_steps=4),
+        prof=replace(full.prof, copy_mib=128, full_finetune=False, logits_completions=2,
+                     trace_step={"num_generations": 2, "per_step_completions": 2,
+                                 "max_completion_length": 8, "generation_batch_size": None}),
+        short=replace(full.short, per_step_completions=4),
         low_memory=True)
 
 

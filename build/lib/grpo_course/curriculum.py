@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
 
 from .answers import answers_match
 from .atomic import atomic_write
@@ -172,7 +175,6 @@ def fisher_diagonal(model, batches: Iterable[Mapping[str, torch.Tensor]],
     trainable ones). ``log_likelihood(model, batch) -> [N]`` defaults to
     :func:`completion_log_likelihood`.
     """
-    from tqdm.auto import tqdm
 
     named = dict(model.named_parameters())
     if params is None:
@@ -371,7 +373,6 @@ class EWC:
         """Write ``ewc.safetensors`` (Fisher and anchor, ``lam`` in the metadata) into the
         folder ``path`` (e.g. a checkpoint folder), or to ``path`` if it ends in .safetensors;
         atomically (:func:`~grpo_course.atomic.atomic_write`)."""
-        from safetensors.torch import save_file
 
         path = Path(path)
         target = path if path.suffix == ".safetensors" else path / EWC_FILE
@@ -383,7 +384,6 @@ class EWC:
     @classmethod
     def load(cls, path: str | Path) -> EWC:
         """Read what :meth:`save` wrote (a folder holding ``ewc.safetensors`` or the file)."""
-        from safetensors import safe_open
 
         path = Path(path)
         target = path if path.suffix == ".safetensors" else path / EWC_FILE

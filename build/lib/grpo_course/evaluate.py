@@ -9,6 +9,7 @@ it was trained with (under ``run_configs`` with ``--json``).
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import json
@@ -21,15 +22,17 @@ from typing import Any
 
 import torch
 import yaml
+from tqdm.auto import tqdm
 
 from .answers import answers_match  # the course's one correctness rule (also the rewards')
 from .atomic import atomic_write, write_json_atomic
-from .config import RUN_CONFIG_FILE, SAMPLING_DTYPES, ConfigError, load_run_config
+from .config import SAMPLING_DTYPES, ConfigError
 from .data import STRATA, SYSTEM_PROMPT, chat_prompt, extract_hash_answer, load_gsm8k
 from .errors import OneLineArgumentParser, report
 from .fingerprint import code_fingerprint
 from .models import cache_dir, load_model, quiet_loading
 from .rewards import REWARD_FUNCTIONS, computed_results, score_completions
+from .runs import RUN_CONFIG_FILE, load_run_config
 from .sampling import sample_completions, sampler_dtype
 from .stats import linear_trend, mcnemar_test, wilson_interval  # noqa: F401 (chapters import them here too)
 from .train import score_groups
@@ -168,7 +171,6 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
     under ``cache_dir()/evals`` and reused when the weights (their fingerprint), the block's
     prompts and the decoding settings are all identical; ``cached`` is true when every block was.
     """
-    from tqdm.auto import tqdm
 
 
     if batch_size <= 0 or max_new_tokens <= 0:
@@ -301,7 +303,6 @@ def _sampled_blocks(model, tokenizer, rows: list, k: int, max_new_tokens: int, t
                     seed: int, batch_prompts: int, sampling_dtype, desc: str, progress: bool):
     """``(chunk, completions)`` for blocks of ``batch_prompts`` problems: ``k`` samples of each,
     the block starting at problem ``lo`` drawn with seed ``seed + lo``."""
-    from tqdm.auto import tqdm
 
 
     for lo in tqdm(range(0, len(rows), batch_prompts), desc=desc, disable=not progress):
@@ -387,7 +388,6 @@ def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict
     """Greedy answers to one ``question`` from one LoRA model under several adapter ``states``
     (name -> :func:`adapter_state`, or ``None`` for the base model: adapter switched off), with
     each answer's rewards against ``gold``. The model's own weights are put back afterwards."""
-    import contextlib
 
 
     current = adapter_state(model)

@@ -17,6 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 
 @lru_cache(maxsize=1)
 def _cpuinfo() -> tuple[str, frozenset[str]]:
@@ -121,7 +123,6 @@ def share_cores(local_rank: int, local_world: int) -> int:
 
 def rss_bytes() -> int:
     """This process's resident memory now, in bytes."""
-    import psutil
     return psutil.Process().memory_info().rss
 
 
@@ -135,7 +136,6 @@ def peak_rss_mib() -> float:
     try:
         import resource
     except ImportError:  # Windows
-        import psutil
         return getattr(psutil.Process().memory_info(), "peak_wset", rss_bytes()) / 2**20
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024   # bytes vs KiB
@@ -162,7 +162,6 @@ def cgroup_limit_bytes(files: tuple[str, ...] = _CGROUP_FILES) -> int | None:
 def memory_limit_bytes() -> int:
     """The memory this process can use at most: the machine's RAM or its container's limit,
     whichever is smaller."""
-    import psutil
 
     total = psutil.virtual_memory().total
     limit = cgroup_limit_bytes()

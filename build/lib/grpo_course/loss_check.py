@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from . import trl_bridge
 from .config import GRPOConfig
@@ -141,7 +142,6 @@ def compare_case(folder: Path, tok, out_dir: Path, batch: dict, loss_type: str, 
 
 def crosscheck(cases=CASES, progress: bool = False) -> list[dict[str, Any]]:
     """Every case of ``cases`` on the fixed batch: one row each (see :func:`compare_case`)."""
-    from tqdm.auto import tqdm
 
     trl_bridge.quiet_trl()
     batch = fixed_batch()

@@ -9,11 +9,16 @@ picks the ``binder`` profile automatically on small machines (:func:`grpo_course
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import os
+import sys
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from .config import PROFILES
 from .hardware import SMALL_MACHINE_BYTES, cgroup_limit_bytes, memory_limit_bytes  # noqa: F401 (re-exported)
@@ -34,8 +39,8 @@ def return_freed_memory(threshold: int = 128 * 1024) -> bool:
     """Make the C allocator hand blocks of ``threshold`` bytes or more back to the system as soon
     as they are freed. By default glibc raises this threshold (up to 32 MiB) each time a large
     block is freed; from then on tensors of a few MiB come from the heap, and the heap keeps what a
-    training step freed: the resident memory of a chapter grew by about 2 GiB that way, with
-    nothing alive in it. Fixing the threshold turns that raise off. Returns ``False`` where the C
+    training step freed: a chapter's resident memory grew by gigabytes that way, with nothing
+    alive in it. Fixing the threshold turns that raise off. Returns ``False`` where the C
     library is not glibc (nothing changes there)."""
     mallopt = _libc("mallopt")
     return bool(mallopt and mallopt(M_MMAP_THRESHOLD, int(threshold)))
@@ -43,8 +48,6 @@ def return_freed_memory(threshold: int = 128 * 1024) -> bool:
 
 def _libc(name: str):
     """glibc's function ``name`` (``None`` off Linux or where the C library is not glibc)."""
-    import ctypes
-    import sys
 
     if not sys.platform.startswith("linux"):
         return None
@@ -120,14 +123,13 @@ def trim_heap() -> int:
     """In low-memory mode, hand the free pages inside glibc's heaps back to the system
     (``malloc_trim``) and return how many bytes the resident memory fell; 0 otherwise. A training
     step frees thousands of small blocks (under the mmap threshold) that stay in the heap between
-    live ones: measured on the binder profile, +10 MiB of resident memory per GRPO update that no
-    tensor used, flat with a trim after each update."""
+    live ones: on the binder profile the resident memory crept up with every GRPO update, with no
+    tensor using it, and stays flat with a trim after each update."""
     if not low_memory():
         return 0
     trim = _libc("malloc_trim")
     if trim is None:
         return 0
-    import psutil
 
     before = psutil.Process().memory_info().rss
     trim(0)
@@ -138,7 +140,6 @@ def free_memory() -> int:
     """Collect Python's garbage now (a trainer and its model hold reference cycles, so ``del`` alone
     does not free them), then :func:`trim_heap`; returns the bytes the resident memory fell by
     (0 outside low-memory mode, where only the collection runs)."""
-    import gc
 
     gc.collect()
     return trim_heap()
@@ -146,7 +147,6 @@ def free_memory() -> int:
 
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of process ``pid`` and all its descendants now (0 once it is gone)."""
-    import psutil
 
     try:
         root = psutil.Process(pid)

@@ -7,12 +7,18 @@ carry Q4_1 rounding); the first load caches a plain safetensors copy under
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
+import logging
 import os
+import sys
+import warnings
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from .atomic import atomic_write
 from .config import get_profile
@@ -77,7 +83,6 @@ def bundled_gguf_path() -> Path:
 def _is_complete(folder: Path) -> bool:
     """The converted model's files are all there and readable: its config parses and the
     safetensors header covers the whole file (a copy cut short by a full disk or a kill fails)."""
-    from safetensors import safe_open
 
     if not all((folder / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")):
         return False
@@ -191,7 +196,6 @@ def load_model(name: str = BUNDLED_NAME, dtype: torch.dtype = torch.float32,
 
 
 def _load_adapter(folder: Path, dtype: torch.dtype, device: str):
-    import json
 
     from peft import PeftModel
 
@@ -234,11 +238,6 @@ def parameter_bytes(model: torch.nn.Module) -> int:
 def quiet_torchao() -> None:
     """Import torchao with its start-up noise ("Failed to load ... .so": CUDA-only kernels
     that a CPU build cannot load, and pytree deprecation lines) sent to /dev/null."""
-    import contextlib
-    import io
-    import logging
-    import sys
-    import warnings
 
 
     if "torchao" in sys.modules:
@@ -261,7 +260,6 @@ def quiet_torchao() -> None:
 def quiet_loading() -> None:
     """Silence library start-up noise on stderr (torchao's CUDA-only kernels, transformers'
     weight-loading bar), so that what a command prints there is its own."""
-    import warnings
 
     quiet_torchao()
     for category in (FutureWarning, DeprecationWarning):   # libraries' notes to developers

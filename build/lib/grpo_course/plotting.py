@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -238,7 +239,6 @@ class LiveCurves:
 def side_by_side(sources: dict[str, str], max_height_px: int = 480):
     """Source texts in columns, each under its title and scrolling on its own (an HTML output:
     the same in the built book, JupyterLab and Colab)."""
-    from html import escape
 
     from IPython.display import HTML
 

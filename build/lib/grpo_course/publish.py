@@ -3,7 +3,7 @@
 ``_config.yml``'s ``repository.url`` is the single setting. The launch buttons read it; the
 Colab badge of every chapter and its Colab install cell carry it too (a notebook opened in
 Colab cannot read ``_config.yml``), so :func:`set_repository` rewrites all of them at once and
-``tests/test_publishing.py`` checks that they agree::
+``tests/test_publish.py`` checks that they agree::
 
     python -m grpo_course.publish --repository-url https://github.com/you/your-fork
     make book && make publish        # then push _build/html with the printed ghp-import command

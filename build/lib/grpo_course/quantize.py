@@ -21,7 +21,9 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -30,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from .atomic import atomic_write
 from .attribution import held_out_rewards
@@ -261,7 +265,6 @@ def save_quantized(model: torch.nn.Module, tokenizer, folder: str | Path, varian
 
 
 def _write_variant(model: torch.nn.Module, tokenizer, folder: Path, variant: str) -> None:
-    from safetensors.torch import save_file
 
     metadata: dict[str, str] = {"format": "pt"}
     info: dict[str, Any] = {"variant": variant}
@@ -289,7 +292,6 @@ def _write_variant(model: torch.nn.Module, tokenizer, folder: Path, variant: str
 
 def load_quantized(folder: str | Path):
     """``(model, tokenizer)`` from a folder written by :func:`save_quantized`."""
-    from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 
@@ -504,8 +506,6 @@ def measure_in_subprocess(folder: str | Path, prompts: Sequence[str],
                           batch_sizes: Sequence[int] = (1, 8), max_new_tokens: int = 32,
                           repeats: int = 1, timeout: float = 1200) -> dict[str, Any]:
     """:func:`measure_folder` in a fresh Python process (a clean peak RSS per variant)."""
-    import subprocess
-    import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
         json.dump(list(prompts), fh)

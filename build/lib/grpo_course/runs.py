@@ -16,16 +16,21 @@ dashboard.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .atomic import write_text_atomic
-from .config import RUN_CONFIG_FILE, ConfigError, GRPOConfig, config_to_dict, load_run_config, save_run_config
+from .config import ConfigError, GRPOConfig, config_to_dict, load_recipe
 
 METRICS_FILE = "metrics.jsonl"
+RUN_CONFIG_FILE = "config.yaml"     # a run folder's resolved GRPOConfig (+ profile)
+RUN_KEYS = ("trainer", "profile")   # the keys of a run's config.yaml that are not GRPOConfig fields
 TRACKIO_PROJECT = "grpo-course"
 
 
@@ -35,8 +40,35 @@ def read_metrics(source) -> list[dict]:
         return list(source)
     path = Path(source)
     if path.is_dir():
-        path = path / "metrics.jsonl"
+        path = path / METRICS_FILE
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+#: What trained a run folder (the ``trainer`` key of its config.yaml).
+TRAINERS = ("course", "trl", "curriculum")
+
+
+def save_run_config(folder: str | os.PathLike, config: GRPOConfig,
+                    profile: str | None = None, trainer: str = "course") -> Path:
+    """Write ``folder/config.yaml`` atomically: the trainer, the profile's name and every field
+    of ``config``. It is a recipe too: ``--config folder/config.yaml`` reruns it."""
+    if trainer not in TRAINERS:
+        raise ConfigError(f"trainer {trainer!r}: choose one of {', '.join(TRAINERS)}")
+    folder = Path(folder)
+    body = {"trainer": trainer} | ({"profile": profile} if profile else {}) | config_to_dict(config)
+    command = "grpo_course.trl_bridge" if trainer == "trl" else "grpo_course.train"
+    text = (f"# The resolved GRPOConfig of this run ({trainer} trainer).\n"
+            f"# Rerun: python -m {command} --config {folder / RUN_CONFIG_FILE} --out NEW_DIR\n"
+            + yaml.safe_dump(body, sort_keys=False))
+    return write_text_atomic(folder / RUN_CONFIG_FILE, text)
+
+
+def load_run_config(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The config a run folder was trained with (``trainer``, ``profile`` + fields), or ``None``."""
+    path = Path(folder) / RUN_CONFIG_FILE
+    if not path.is_file():
+        return None
+    return load_recipe(path, extra_keys=RUN_KEYS)
 
 
 def read_run_config(source) -> dict[str, Any] | None:
@@ -95,7 +127,6 @@ class Tracker:
         :class:`ConfigError` if trackio is not installed."""
         if config.report_to == "none":
             return False
-        import importlib.util
         if importlib.util.find_spec("trackio") is None:
             raise ConfigError("report_to trackio: the trackio package is not installed "
                               "(pip install trackio, or pip install -e '.[track]')")

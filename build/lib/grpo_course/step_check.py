@@ -4,7 +4,7 @@ Chapter 3 writes a GRPO step in plain code (``grpo_step``) and then hands over t
 :class:`~grpo_course.train.CourseTrainer`, the same step made fast. :func:`compare_steps` runs
 both from one trainer's state, on the same prompts and sampling seed, and measures how far apart
 their losses, gradients and updates are; :func:`assert_same_step` holds them to the chapter's
-tolerances. The chapter and ``tests/test_step_equivalence.py`` call these two functions, so the
+tolerances. The chapter and ``tests/test_step_check.py`` call these two functions, so the
 check a student sees is the check the tests run.
 """
 from __future__ import annotations

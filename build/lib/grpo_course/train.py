@@ -28,6 +28,7 @@ step holds enough groups with unequal rewards), then runs ``num_iterations`` upd
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import random
@@ -39,10 +40,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from .atomic import atomic_write
 from .cli import CHECKPOINT, parse_train_args, run_folder
-from .config import ConfigError, GRPOConfig, save_run_config
+from .config import ConfigError, GRPOConfig
 from .data import STRATA, chat_prompts, load_gsm8k, sft_text
 from .errors import CourseError, RewardError, report
 from .grpo import (
@@ -57,7 +59,7 @@ from .memory import low_memory, trim_heap
 from .models import load_model, quiet_loading
 from .precision import frozen_linear_weights_as, hold_frozen_weights_in
 from .rewards import EXACT_REWARD, REWARD_FUNCTIONS, weighted_sum
-from .runs import Tracker
+from .runs import METRICS_FILE, Tracker, save_run_config
 from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
@@ -101,8 +103,8 @@ def score_groups(completions: list, rows: dict[str, list], reward_funcs: dict[st
     The weighted sum is :func:`grpo_course.rewards.weighted_sum`'s, of the values as the
     functions returned them, rounded to float32 once: the very rewards of a step written out
     with ``score_completions`` and ``weighted_sum`` (chapter 3). One float32 ulp apart, the two
-    steps' advantages differ by ~1e-7, and a frozen base held in bf16 turns that into different
-    bf16 roundings and a gradient ~1 % apart."""
+    steps' advantages differ in the last float32 place, and a frozen base held in bf16 turns that
+    into different bf16 roundings and visibly different gradients."""
     columns = {k: [v for v in values for _ in range(G)] for k, values in rows.items()
                if k != "question"}
     per_func = {n: checked_rewards(n, fn(completions, **columns), len(completions))
@@ -279,7 +281,7 @@ class CourseTrainer:
             self.tracker.log(row)
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8") as fh:
+            with open(self.out_dir / METRICS_FILE, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(row) + "\n")
 
     # ------------------------------------------------------------ SFT warm-up
@@ -327,7 +329,6 @@ class CourseTrainer:
 
     def sft(self, steps: int | None = None) -> list[dict]:
         """The supervised warm-up (``config.sft_steps`` steps, resumable)."""
-        from tqdm.auto import tqdm
         steps = self.config.sft_steps if steps is None else steps
         if self.sft_done >= steps:
             return []
@@ -608,7 +609,6 @@ class CourseTrainer:
 
     def train(self, max_steps: int | None = None) -> list[dict]:
         """SFT warm-up (if configured and not done), then GRPO up to ``max_steps``."""
-        from tqdm.auto import tqdm
         cfg = self.config
         max_steps = cfg.max_steps if max_steps is None else max_steps
         rows_out: list[dict] = []
@@ -645,7 +645,6 @@ class CourseTrainer:
         """A deep copy that shares the frozen base weights with this trainer (they never change):
         a second trainer for the price of its adapters and optimizer state, not of a second model.
         Both can then train on their own (chapter 3 checks its hand-written step this way)."""
-        import copy
 
         frozen = {id(p): p for p in self.model.parameters() if not p.requires_grad}
         return copy.deepcopy(self, memo=frozen)

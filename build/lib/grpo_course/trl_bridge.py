@@ -21,13 +21,21 @@ because TRL counts each reuse of a batch as an optimizer step of its own.
 """
 from __future__ import annotations
 
+import gc
+import hashlib
+import importlib.util
+import json
 import logging
 import math
 import os
+import shlex
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -125,7 +133,7 @@ def grpo_config_from_course(cfg: GRPOConfig, output_dir: str | os.PathLike,
     With ``micro_batch`` the step's completions are still generated at once and make one
     update, but pass through the model ``micro_batch`` at a time (TRL's gradient accumulation:
     ``per_device_train_batch_size=micro_batch``); the loss is the same, the memory of the
-    backward pass shrinks with the micro-batch (the binder profile: ``Profile.trl_micro_batch``).
+    backward pass shrinks with the micro-batch (the binder profile: ``Profile.trl.micro_batch``).
     ``overrides`` replace any ``trl.GRPOConfig`` field (TRL's own checks then apply).
     """
     from trl import GRPOConfig as TRLConfig
@@ -167,7 +175,6 @@ def grpo_config_from_course(cfg: GRPOConfig, output_dir: str | os.PathLike,
                               f"({cfg.per_step_completions})")
         kwargs.update(per_device_train_batch_size=micro_batch,
                       gradient_accumulation_steps=cfg.per_step_completions // micro_batch)
-    from dataclasses import fields
 
     known = {f.name for f in fields(TRLConfig)}
     unknown = sorted(set(overrides) - known)
@@ -216,7 +223,6 @@ DEFAULT_CHANGES: dict[str, str] = {
 def trl_default_rows(trl_cfg) -> list[dict[str, Any]]:
     """TRL's own default and the bridge's value for the fields of :data:`DEFAULT_CHANGES`
     (``bf16=None`` in TRL's dataclass means True unless fp16 is set)."""
-    from dataclasses import fields
 
     from trl import GRPOConfig as TRLConfig
 
@@ -283,7 +289,6 @@ class TRLRun:
         """Let go of the finished run's model, optimizer and accelerator state (its args, state
         and log stay), so that its memory is reclaimed before the next model loads (the binder
         profile's 2 GB). Call it after the last use of ``trainer.model``."""
-        import gc
 
         t = self.trainer
         t.accelerator.free_memory()
@@ -452,7 +457,6 @@ def vllm_overrides(mode: str | None) -> dict[str, Any]:
         return {}
     if mode not in VLLM_MODES:
         raise ConfigError(f"--vllm_mode {mode!r}: choose one of {', '.join(VLLM_MODES)}")
-    import importlib.util
 
     import torch
     if not torch.cuda.is_available():
@@ -474,7 +478,6 @@ def device_overrides() -> dict[str, Any]:
 
 def adapter_digest(model) -> str:
     """sha256 of the trainable weights (names and bytes): equal on every data-parallel rank."""
-    import hashlib
 
     h = hashlib.sha256()
     for name, p in sorted((n, p) for n, p in model.named_parameters() if p.requires_grad):
@@ -488,7 +491,6 @@ def launch_command(processes: int, out: str | os.PathLike, *flags: str,
     """The command line that trains with TRL on ``processes`` processes: ``python -m
     grpo_course.trl_bridge`` for one, ``accelerate launch --config_file ...`` for more (the
     course's 2-process CPU config unless ``accelerate_config`` names another)."""
-    import sys
 
 
     if processes < 1:
@@ -503,7 +505,6 @@ def launch_command(processes: int, out: str | os.PathLike, *flags: str,
 
 def shell_line(command: Sequence[str]) -> str:
     """A :func:`launch_command` as a student types it (``python -m ...``, ``accelerate launch ...``)."""
-    import shlex
 
     words = [str(w) for w in command[1:]]
     if words[:2] == ["-m", "accelerate.commands.launch"]:
@@ -516,10 +517,6 @@ def shell_line(command: Sequence[str]) -> str:
 def launch(command: Sequence[str], cwd: str | os.PathLike | None = None) -> dict[str, Any]:
     """Run a :func:`launch_command`, passing its progress bar and messages through to stderr, and
     return its JSON line; a failed run raises a ``RuntimeError`` with the end of its output."""
-    import json
-    import subprocess
-    import sys
-    import tempfile
 
     with tempfile.TemporaryFile("w+") as stdout:
         proc = subprocess.Popen(list(command), stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=cwd)
@@ -541,8 +538,6 @@ def main(argv: list[str] | None = None) -> int:
     ``--config``), plus ``--warm_start`` and ``--vllm_mode``. Under ``accelerate launch
     --num_processes N`` it trains data-parallel (gloo on a CPU): each process takes its share of
     the cores and of each step's completions. Ends with one JSON line (rank 0)."""
-    import json
-    import sys
 
     import torch
 

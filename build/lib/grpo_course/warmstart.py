@@ -20,9 +20,11 @@ import torch
 from safetensors.torch import load_file
 
 from .atomic import atomic_write, write_text_atomic
-from .config import config_to_dict, load_run_config
+from .config import config_to_dict
 from .fingerprint import code_fingerprint, data_hash
+from .memory import free_memory
 from .models import cache_dir, load_model, runs_dir
+from .runs import load_run_config
 from .sampling import resolve_sampling_dtype
 from .train import (  # noqa: F401 (STATE_FILE, load_adapter_state: chapters import them here)
     STATE_FILE,
@@ -71,6 +73,12 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
     if verbose:
         print(f"warm start: training {config.sft_steps} SFT steps once; every chapter then "
               f"reuses them from {folder}")
+    _train_warm_start(config, train_dataset, folder)
+    free_memory()        # the trainer and its model hold reference cycles: gone before the caller loads
+    return folder
+
+
+def _train_warm_start(config, train_dataset, folder: Path) -> None:
     model, tokenizer = load_model(config.model)
     trainer = CourseTrainer(model, tokenizer, dataclasses.replace(config, max_steps=0),
                             train_dataset)
@@ -81,7 +89,7 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
         torch.save({n: p.detach().clone() for n, p in trainer.model.named_parameters()
                     if p.requires_grad}, tmp / STATE_FILE)
         (tmp / "sft_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-    return atomic_write(folder, write, folder=True)
+    atomic_write(folder, write, folder=True)
 
 
 def unloadable(path: Path) -> str | None:
@@ -118,7 +126,7 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
     """A GRPO-trained policy of ``profile``'s recipe and one sentence saying which: chapter 3's
     (``runs_dir()/grpo``: its warm start and GRPO adapter, which
     :func:`~grpo_course.models.load_model` merges) when chapter 3 ran on this profile; else the
-    same recipe trained now from the warm start for ``profile.quant_policy_steps`` steps, saved
+    same recipe trained now from the warm start for ``profile.quant.policy_steps`` steps, saved
     under ``runs_dir()/policy`` and reused while its recipe, code and data are unchanged. A saved
     adapter that does not load is trained again, with one line saying so."""
 
@@ -133,7 +141,7 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
             return chapter3, "chapter 3's GRPO policy (its warm start and GRPO adapter, merged)"
         print(f"{chapter3} is not chapter 3's run of this recipe "
               f"({broken or 'its config.yaml differs'}); training the policy here")
-    config = dataclasses.replace(profile.grpo, max_steps=profile.quant_policy_steps)
+    config = dataclasses.replace(profile.grpo, max_steps=profile.quant.policy_steps)
     sft_dir = warm_start(config, train_dataset)
 
     # the warm start's key (its recipe, data and code), every field of the GRPO recipe and the
