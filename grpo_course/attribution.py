@@ -88,6 +88,12 @@ def solved_overlap(a: EvalResult, b: EvalResult) -> dict[str, float]:
             "expected_if_unrelated": a.n * a.accuracy * b.accuracy}
 
 
+def paired_mcnemar(a: EvalResult, b: EvalResult, key: str) -> dict[str, Any]:
+    """McNemar's exact test of one right/wrong field of the records (``correct``, ``formatted``)
+    of two evaluations on the same problems."""
+    return mcnemar_test([r[key] for r in a.records], [r[key] for r in b.records])
+
+
 def phase_changes(a: EvalResult, b: EvalResult, dataset) -> dict[str, Any]:
     """What changed from model A to model B on the same held-out problems: accuracy, format,
     reaching a gold step (McNemar each), step F1 (paired difference), the share of right
@@ -97,8 +103,8 @@ def phase_changes(a: EvalResult, b: EvalResult, dataset) -> dict[str, Any]:
         raise ValueError("the two evaluations are not on the same problems")
     f1_a, f1_b = step_scores(a, dataset), step_scores(b, dataset)
     out: dict[str, Any] = {
-        "accuracy": mcnemar_test([r["correct"] for r in a.records], [r["correct"] for r in b.records]),
-        "format": mcnemar_test([r["formatted"] for r in a.records], [r["formatted"] for r in b.records]),
+        "accuracy": paired_mcnemar(a, b, "correct"),
+        "format": paired_mcnemar(a, b, "formatted"),
         "reached_step": mcnemar_test([f > 0 for f in f1_a], [f > 0 for f in f1_b]),
         "step_f1": paired_difference(f1_a, f1_b),
         "overlap": solved_overlap(a, b),

@@ -36,7 +36,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .atomic import atomic_write
-from .attribution import held_out_rewards
+from .attribution import held_out_rewards, paired_mcnemar
 from .errors import CourseError, OneLineArgumentParser, report
 from .hardware import cpu_features as cpu_int8_features  # noqa: F401 (chapter 6)
 from .hardware import (
@@ -49,7 +49,7 @@ from .models import (
     set_threads,
 )
 from .sampling import has_plain_linear_weights, sample_completions
-from .stats import mcnemar_test, paired_difference
+from .stats import paired_difference
 
 VARIANTS = ("fp32", "dynamic", "torchao")
 WEIGHTS_FILE = "model.safetensors"
@@ -403,8 +403,7 @@ def paired_rows(results: dict[str, Any], dataset, weights: dict[str, float],
     for name, r in results.items():
         if name == reference:
             continue
-        fmt = mcnemar_test([x["formatted"] for x in ref.records], [x["formatted"] for x in r.records])
-        acc = mcnemar_test([x["correct"] for x in ref.records], [x["correct"] for x in r.records])
+        fmt, acc = paired_mcnemar(ref, r, "formatted"), paired_mcnemar(ref, r, "correct")
         reward = paired_difference(ref_reward, held_out_rewards(r, dataset, weights))
         rows.append({"variant": name, "n": r.n,
                      f"format % ({reference})": 100 * ref.format_rate, "format %": 100 * r.format_rate,
