@@ -48,6 +48,22 @@ def code_fingerprint(*modules: str) -> dict[str, object]:
             "libraries": library_versions()}
 
 
+def file_hash(path: str | Path) -> str:
+    """A hash of the bytes of the file at ``path`` (computed once per process for a given size
+    and modification time)."""
+    stat = Path(path).stat()
+    return _file_hash(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@cache
+def _file_hash(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:20]
+
+
 def data_hash(rows, fields: tuple[str, ...] = ("question", "answer")) -> str:
     """A hash of every row's ``fields`` (a list of dicts or a ``datasets.Dataset``), in order:
     the part of a cache key that says which data made the entry."""

