@@ -77,8 +77,8 @@ lint: $(STAMP)
 
 # Fast unit tests first (a failure shows in minutes), then those marked slow (they load the real model).
 unit: model lint
-	$(BIN)/python -m pytest tests -q -m "not slow and not browser"
-	$(BIN)/python -m pytest tests -q -m "slow and not browser"
+	$(BIN)/python -m pytest tests -q -m "not slow and not browser" --durations=5
+	$(BIN)/python -m pytest tests -q -m "slow and not browser" --durations=0
 
 # Execute every notebook on the smoke profile in a staged copy (nbmake --overwrite keeps the
 # outputs there, never in notebooks/), then build the book from those executed copies.
@@ -86,7 +86,7 @@ nbmake-smoke: model
 	rm -rf $(SMOKE_SRC) && mkdir -p $(SMOKE_SRC)
 	cp -r _config.yml _toc.yml book notebooks $(SMOKE_SRC)/
 	GRPO_COURSE_PROFILE=smoke $(BIN)/python -m pytest -q -p no:cacheprovider --nbmake --overwrite \
-	  --nbmake-timeout=$(NBMAKE_TIMEOUT) $(SMOKE_SRC)/notebooks
+	  --nbmake-timeout=$(NBMAKE_TIMEOUT) --durations=0 $(SMOKE_SRC)/notebooks
 
 # The built-book test drives Debian's chromium (no browser download); installed when missing.
 browser:
