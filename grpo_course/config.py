@@ -498,7 +498,8 @@ def _binder_profile(full: Profile) -> Profile:
     at most 1.8 GiB per chapter, measured by ``bench/memory.py``): the same recipe and warm start, with
     activation checkpointing in the training passes (the course trainer's and TRL's; TRL's weights
     in bf16 where the CPU has it, and its step's completions through the model two at a time),
-    smaller sampling and evaluation batches, fewer held-out problems (the intervals say so), no
+    smaller sampling and evaluation batches, 64-token completions in chapter 3's loop, fewer
+    held-out problems (the intervals say so), no
     2-process run (two more copies of the model do not fit), a shorter step under torch.profiler
     and no full fine-tuning run in chapter 7 (AdamW's state for every weight), and the
     low-memory mode (:func:`grpo_course.memory.use_low_memory`)."""
@@ -508,7 +509,7 @@ def _binder_profile(full: Profile) -> Profile:
         grpo=replace(full.grpo, per_step_completions=8, generation_batch_size=16,
                      gradient_checkpointing=True),
         rewards=replace(full.rewards, prompts=4),
-        loop=replace(full.loop, pass_k_prompts=4),
+        loop=replace(full.loop, pass_k_prompts=4, changes={"max_completion_length": 64}),
         trl=replace(full.trl, eval_n=128, ddp_steps=0, dtype="auto", micro_batch=2),
         quant=replace(full.quant, eval_n=48, policy_steps=4),
         prof=replace(full.prof, copy_mib=128, full_finetune=False, logits_completions=2,
