@@ -21,11 +21,12 @@ NBMAKE_TIMEOUT ?= 1800
 # A kernel started with MPLBACKEND=Agg shows no figures (plt.show() draws nothing into the page).
 unexport MPLBACKEND
 
-.PHONY: help install model static lint unit nbmake-smoke browser book-smoke test book book-check publish assignments bench clean
+.PHONY: help install model static lint unit nbmake-smoke browser book-smoke test check-steps book book-check publish assignments bench clean
 
 help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
 	@echo "make test   - unit tests + notebooks on the smoke profile + book build (what CI runs)"
+	@echo "make check-steps - chapter 3's written-out step against the trainer on the real model, full sizes (CI runs it)"
 	@echo "make book-check - chapters 2 and 3 on the full profile from an empty cache (the warm start trained anew)"
 	@echo "make publish - after make book: the Colab edition (_build/colab) and _build/html for GitHub Pages"
 	@echo "make assignments - student versions of the seven chapters (no solutions, graded checks) in _build/assignments/"
@@ -76,9 +77,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check grpo_course bench tests notebooks
 
 # Fast unit tests first (a failure shows in minutes), then those marked slow (they load the real model).
+# The step checks at full size run in check-steps (the same cases run on the tiny model here).
 unit: model lint
 	$(BIN)/python -m pytest tests -q -m "not slow and not browser" --durations=5
-	$(BIN)/python -m pytest tests -q -m "slow and not browser" --durations=0
+	$(BIN)/python -m pytest tests -q -m "slow and not browser and not fullsize" --durations=0
 
 # Execute every notebook on the smoke profile in a staged copy (nbmake --overwrite keeps the
 # outputs there, never in notebooks/), then build the book from those executed copies.
@@ -105,6 +107,12 @@ book-smoke: browser static
 	BOOK_HTML=_build/smoke/_build/html $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_book.py tests/test_jupyterlab.py
 
 test: unit nbmake-smoke book-smoke
+
+# Chapter 3's written-out step against CourseTrainer.step on the bundled model at the full profile's
+# sizes (a truncated completion, KL with two updates, a tied group over micro-batches, a bf16 base):
+# minutes of the real model, so `make test` runs these cases on the tiny model and CI runs this too.
+check-steps: model
+	$(BIN)/python -m pytest tests -q -m fullsize --durations=0
 
 book: model static
 	GRPO_COURSE_PROFILE=$${GRPO_COURSE_PROFILE:-full} $(BIN)/jupyter-book build .

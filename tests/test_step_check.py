@@ -1,7 +1,11 @@
 """Chapter 3's written-out GRPO step (its ``grpo_step``, read from the notebook) against
-``CourseTrainer.step`` on the full profile's config, with the chapter's tolerances
-(:mod:`grpo_course.step_check`): a group with a truncated completion, a tied group left out of
-the trainer's pass, several groups in several micro-batches, and the frozen base held in bf16
+``CourseTrainer.step`` with the chapter's tolerances (:mod:`grpo_course.step_check`): a group with
+a truncated completion, the KL penalty with two updates per batch, a tied group left out of the
+trainer's pass with several groups in several micro-batches.
+
+Each case runs twice: on the tiny model with the full profile's loss settings (fast, in
+``make test``), and on the bundled model at the full profile's sizes (marked ``fullsize``: ``make
+check-steps``, which CI runs after ``make test``), where the frozen base is also held in bf16
 where the CPU has native bf16 (as the full profile holds it)."""
 from __future__ import annotations
 
@@ -18,7 +22,10 @@ from grpo_course.hardware import native_bf16
 from grpo_course.sampling import sample_completions
 from grpo_course.step_check import assert_same_step, compare_steps, relative_gap, simple_config
 
-pytestmark = pytest.mark.slow
+from .helpers import ADDITION_ROWS, length_reward, tiny_trainer
+
+#: the real-model cases: the bundled model at the full profile's sizes
+fullsize = [pytest.mark.slow, pytest.mark.fullsize]
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "03_grpo_from_scratch.ipynb"
 
 
@@ -39,6 +46,17 @@ def tie_for_marked(completions, answer=None, **kwargs):
     return [0.0 if a == "7" else float(len(c) % 5) for c, a in zip(completions, answer, strict=False)]
 
 
+def lora_b_drawn(trainer):
+    """``trainer`` with its LoRA B drawn small and nonzero (the same draw each time), so that
+    every adapter weight gets a gradient."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in trainer.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+    return trainer
+
+
 def lora_trainer(train_dtype: str, rows):
     """A CourseTrainer on the bundled model with the full profile's config and ``train_dtype``,
     its LoRA B drawn small and nonzero (the same draw each time) so every adapter weight gets
@@ -50,13 +68,7 @@ def lora_trainer(train_dtype: str, rows):
 
     model, tokenizer = load_model()
     config = dataclasses.replace(get_profile("full").grpo, train_dtype=train_dtype)
-    trainer = CourseTrainer(model, tokenizer, config, rows)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in trainer.model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
-    return trainer
+    return lora_b_drawn(CourseTrainer(model, tokenizer, config, rows))
 
 
 @pytest.fixture(scope="module")
@@ -65,14 +77,47 @@ def full_trainer(course_rows):
     return lora_trainer(get_profile("full").grpo.train_dtype, course_rows)
 
 
-@pytest.fixture(scope="module")
-def fp32_trainer(course_rows):
-    """The same trainer with an fp32 training pass: the frozen base stays in fp32."""
-    return lora_trainer("float32", course_rows)
-
-
 def columns(rows: list[dict]) -> dict[str, list]:
     return {k: [r[k] for r in rows] for k in rows[0]}
+
+
+#: the full profile's loss settings, which the tiny trainer takes over
+LOSS_FIELDS = ("loss_type", "scale_rewards", "epsilon_low", "epsilon_high", "max_grad_norm",
+               "mask_truncated_completions", "temperature", "top_p", "lora_target_modules")
+
+
+@dataclasses.dataclass
+class Case:
+    """A trainer with an fp32 training pass and the rows each check runs on: ``long`` (prompts
+    whose completions are cut off at max_completion_length, some of them) and ``tied`` (three
+    prompts, the first with the gold answer 7, so :func:`tie_for_marked` ties its group)."""
+    trainer: object
+    long: dict[str, list]
+    tied: dict[str, list]
+    results: dict = dataclasses.field(default_factory=dict)
+
+
+@pytest.fixture(scope="module", params=["tiny", pytest.param("fullsize", marks=fullsize)])
+def fp32_case(request, course_rows):
+    """The tiny model with the full profile's loss settings (G = 4, 12-token completions, one
+    group per micro-batch), or the bundled model at the full profile's sizes."""
+    if request.param == "tiny":
+        full = get_profile("full").grpo
+        trainer = lora_b_drawn(tiny_trainer(
+            num_generations=4, per_step_completions=12, max_completion_length=12,
+            train_micro_batch=4, sampling_dtype="float32", train_dtype="float32",
+            **{k: getattr(full, k) for k in LOSS_FIELDS}))
+        rows = columns(ADDITION_ROWS)
+        tied = columns([ADDITION_ROWS[1], ADDITION_ROWS[0], ADDITION_ROWS[2]])
+        return Case(trainer, {k: v[:3] for k, v in rows.items()}, tied)
+    return Case(lora_trainer("float32", course_rows), columns(course_rows[4:5]),
+                columns(course_rows[:3]))
+
+
+@pytest.fixture(autouse=True)
+def length_reward_by_name(monkeypatch):
+    """The tiny trainer's reward, found by name as the written-out step scores."""
+    monkeypatch.setitem(rewards_module.REWARD_FUNCTIONS, "length", length_reward)
 
 
 @pytest.fixture(scope="module")
@@ -93,24 +138,25 @@ def sampled(monkeypatch) -> list:
     return batches
 
 
-def test_truncated_completion(fp32_trainer, grpo_step, course_rows, monkeypatch):
-    """One group in which a completion hits max_completion_length: the full profile masks it out
+def test_truncated_completion(fp32_case, grpo_step, monkeypatch):
+    """Groups in which a completion hits max_completion_length: the full profile masks it out
     of the loss (mask_truncated_completions), and both steps must agree on that."""
-    config = simple_config(fp32_trainer.config)
-    assert config.mask_truncated_completions and config.max_completion_length == 128
+    config = simple_config(fp32_case.trainer.config)
+    assert config.mask_truncated_completions
     batches = sampled(monkeypatch)
-    result = compare_steps(fp32_trainer, grpo_step, columns(course_rows[4:5]), config)
+    result = compare_steps(fp32_case.trainer, grpo_step, fp32_case.long, config)
     assert batches and bool(batches[0].truncated.any()), "no completion was truncated"
     assert not bool(batches[0].truncated.all()), "every completion was truncated"
     assert result["moved"] > 0
     assert_same_step(result)
 
 
-def test_kl_penalty_and_two_updates_per_batch(fp32_trainer, grpo_step, course_rows):
+def test_kl_penalty_and_two_updates_per_batch(fp32_case, grpo_step):
     """beta > 0 (the reference: the adapter switched off) and mu = 2 (the second update's ratio
     has left 1, so the clip can bind): the same update by hand and by the trainer."""
-    config = dataclasses.replace(simple_config(fp32_trainer.config), beta=0.04, num_iterations=2)
-    result = compare_steps(fp32_trainer, grpo_step, columns(course_rows[4:5]), config)
+    config = dataclasses.replace(simple_config(fp32_case.trainer.config), beta=0.04,
+                                 num_iterations=2)
+    result = compare_steps(fp32_case.trainer, grpo_step, fp32_case.long, config)
     assert result["hand"]["kl"] > 0 and result["trainer"]["kl"] > 0
     assert result["hand"]["kl"] == pytest.approx(result["trainer"]["kl"], rel=1e-3)
     assert result["hand"]["clip_ratio"] == pytest.approx(result["trainer"]["clip_ratio/region_mean"],
@@ -136,31 +182,39 @@ def check_tied_and_informative(result, config):
     assert result["trainer"]["informative_groups"] == 2
 
 
-def test_tied_group_left_out_and_micro_batches(fp32_trainer, grpo_step, course_rows,
-                                               monkeypatch):
+def tied_step(case: Case, grpo_step, monkeypatch) -> dict:
+    """:func:`compare_steps` on ``case``'s tied rows (computed once per case: the trainer's own
+    state never changes, so the bf16 check below reuses it)."""
+    config = tied_and_informative(case.trainer, monkeypatch)
+    if "tied" not in case.results:
+        case.results["tied"] = compare_steps(case.trainer, grpo_step, case.tied, config)
+    return case.results["tied"]
+
+
+def test_tied_group_left_out_and_micro_batches(fp32_case, grpo_step, monkeypatch):
     """A tied group and two informative ones, trained one group per forward/backward pass (the
     full profile's train_micro_batch = G), against one pass over the whole batch by hand."""
-    config = tied_and_informative(fp32_trainer, monkeypatch)
+    config = tied_and_informative(fp32_case.trainer, monkeypatch)
     assert config.train_micro_batch == config.num_generations
-    rows = columns(course_rows[:3])            # the first answer is 7: its group ties
-    result = compare_steps(fp32_trainer, grpo_step, rows, config)
+    result = tied_step(fp32_case, grpo_step, monkeypatch)
     check_tied_and_informative(result, config)
     assert_same_step(result)
 
 
+@pytest.mark.slow
+@pytest.mark.fullsize
 @pytest.mark.skipif(not native_bf16(), reason="the frozen base is held in bf16 only where native")
+@pytest.mark.parametrize("fp32_case", ["fullsize"], indirect=True)
 def test_micro_batches_over_a_bf16_base_differ_by_bf16_rounding(
-        full_trainer, fp32_trainer, grpo_step, course_rows, monkeypatch):
+        full_trainer, fp32_case, grpo_step, monkeypatch):
     """With the frozen base held in bf16, the trainer's passes (one group each, the tied group
     left out) and the one pass by hand multiply matrices of other shapes, and their bf16
     roundings differ: the two gradients may differ, but by no more than bf16 rounding moves the
     written-out step itself away from the same step over the fp32 base."""
     config = tied_and_informative(full_trainer, monkeypatch)
-    rows = columns(course_rows[:3])
-    bf16 = compare_steps(full_trainer, grpo_step, rows, config)
+    bf16 = compare_steps(full_trainer, grpo_step, fp32_case.tied, config)
     check_tied_and_informative(bf16, config)
-    tied_and_informative(fp32_trainer, monkeypatch)
-    fp32 = compare_steps(fp32_trainer, grpo_step, rows, config)
+    fp32 = tied_step(fp32_case, grpo_step, monkeypatch)
     assert fp32["hand"]["rewards"] == bf16["hand"]["rewards"], "the two runs sampled differently"
     (hand_bf16, trainer_bf16), (hand_fp32, _) = bf16["gradients"], fp32["gradients"]
     rounding = relative_gap(hand_bf16, hand_fp32)       # what bf16 does to the step by hand
