@@ -80,19 +80,28 @@ def bundled_gguf_path() -> Path:
     return path
 
 
-def _is_complete(folder: Path) -> bool:
-    """The converted model's files are all there and readable: its config parses and the
-    safetensors header covers the whole file (a copy cut short by a full disk or a kill fails)."""
-
-    if not all((folder / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json")):
-        return False
+def unloadable(path: Path) -> str | None:
+    """Why the cache file ``path`` does not load, or ``None`` when it does: a ``.safetensors``
+    file whose header does not cover the whole file, a ``.pt`` that ``torch.load`` refuses, a
+    ``.json`` that does not parse, a missing file. A cache that a full disk or a killed copy cut
+    short is rebuilt, never used."""
     try:
-        json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        with safe_open(folder / "model.safetensors", "pt") as fh:
-            fh.keys()
-    except Exception:            # SafetensorError, OSError, JSONDecodeError: rebuild it
-        return False
-    return True
+        if path.suffix == ".safetensors":
+            with safe_open(path, "pt") as fh:
+                fh.keys()
+        elif path.suffix == ".json":
+            json.loads(path.read_text(encoding="utf-8"))
+        else:
+            torch.load(path, weights_only=True)
+    except Exception as error:  # noqa: BLE001 (any failure to load means: rebuild)
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
+    return None
+
+
+def _is_complete(folder: Path) -> bool:
+    """The converted model's files are all there and each loads (:func:`unloadable`)."""
+    return all(unloadable(folder / f) is None
+               for f in ("config.json", "model.safetensors", "tokenizer.json"))
 
 
 #: what made the converted copy (:func:`conversion_key`), stored beside it

@@ -17,13 +17,12 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from .atomic import atomic_write, write_text_atomic
 from .config import config_to_dict
 from .fingerprint import code_fingerprint, data_hash
 from .memory import free_memory
-from .models import cache_dir, load_model, runs_dir
+from .models import cache_dir, load_model, runs_dir, unloadable
 from .runs import load_run_config
 from .sampling import resolve_sampling_dtype
 from .train import (  # noqa: F401 (STATE_FILE, load_adapter_state: chapters import them here)
@@ -90,19 +89,6 @@ def _train_warm_start(config, train_dataset, folder: Path) -> None:
                     if p.requires_grad}, tmp / STATE_FILE)
         (tmp / "sft_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     atomic_write(folder, write, folder=True)
-
-
-def unloadable(path: Path) -> str | None:
-    """Why the weights file ``path`` (``.pt`` or ``.safetensors``) does not load, or ``None`` when
-    it does: a cache that a full disk or a killed copy cut short is rebuilt, never used."""
-    try:
-        if path.suffix == ".safetensors":
-            load_file(path)
-        else:
-            torch.load(path, weights_only=True)
-    except Exception as error:  # noqa: BLE001 (any failure to load means: rebuild)
-        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
-    return None
 
 
 def warm_policy(model, config, folder):

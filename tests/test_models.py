@@ -117,3 +117,22 @@ def test_bundled_model_loads_offline_and_generates():
     with torch.no_grad():
         logits = model(ids).logits
     assert torch.isfinite(logits).all()
+
+
+def test_unloadable_names_why_each_kind_of_cache_file_does_not_load(tmp_path):
+    """A cache file cut short (safetensors, .pt, JSON) or missing is reported with its error; a
+    whole one is not."""
+    from safetensors.torch import save_file
+
+    tensors = {"w": torch.arange(64, dtype=torch.float32).view(8, 8)}
+    files = {"a.safetensors": lambda p: save_file(tensors, p),
+             "b.pt": lambda p: torch.save(tensors, p),
+             "c.json": lambda p: p.write_text(json.dumps({"key": list(range(50))}))}
+    for name, write in files.items():
+        path = tmp_path / name
+        write(path)
+        assert models.unloadable(path) is None, name
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        why = models.unloadable(path)
+        assert why and ":" in why, name
+    assert models.unloadable(tmp_path / "missing.json").startswith("FileNotFoundError")

@@ -21,8 +21,7 @@ from grpo_course.config import get_profile
 from grpo_course.hardware import native_bf16
 from grpo_course.sampling import sample_completions
 from grpo_course.step_check import assert_same_step, compare_steps, relative_gap, simple_config
-
-from .helpers import ADDITION_ROWS, length_reward, tiny_trainer
+from tests.helpers import ADDITION_ROWS, length_reward, tiny_trainer
 
 #: the real-model cases: the bundled model at the full profile's sizes
 fullsize = [pytest.mark.slow, pytest.mark.fullsize]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from grpo_course import warmstart
+from grpo_course import models, warmstart
 from grpo_course.config import GRPOConfig, get_profile
 from grpo_course.models import runs_dir
 from grpo_course.runs import save_run_config
@@ -84,7 +84,7 @@ def test_a_policy_that_does_not_load_is_trained_again(fake_training, capsys):
     truncate(folder / "adapter_model.safetensors")
     assert warmstart.trained_policy(profile, [])[0] == folder and FakeTrainer.runs == 2
     assert "does not load" in capsys.readouterr().out
-    assert warmstart.unloadable(folder / "adapter_model.safetensors") is None   # rebuilt whole
+    assert models.unloadable(folder / "adapter_model.safetensors") is None   # rebuilt whole
 
 
 def test_otherwise_the_recipe_is_trained_once_and_reused(fake_training):
@@ -133,4 +133,4 @@ def test_warm_start_trains_once_and_start_from_loads_it(tmp_path, monkeypatch, c
     capsys.readouterr()
     assert warmstart.warm_start(cfg, data) == folder
     assert "does not load" in capsys.readouterr().out
-    assert warmstart.unloadable(folder / warmstart.STATE_FILE) is None
+    assert models.unloadable(folder / warmstart.STATE_FILE) is None
