@@ -61,6 +61,10 @@ def _libc(name: str):
 #: ``binder/start`` exports for every process of a Binder session).
 LOW_MEMORY_ENV = "GRPO_COURSE_LOW_MEMORY"
 _low_memory = False
+#: Set by :func:`give_back_freed_memory` (every notebook, through :func:`check_memory`), and
+#: inherited by the processes it starts (TRL's ranks under ``accelerate launch``).
+GIVE_BACK_ENV = "GRPO_COURSE_GIVE_BACK_MEMORY"
+_give_back = False
 #: oneDNN's caches of compiled matrix-product kernels (and ideep's, which PyTorch's bf16 products go
 #: through) keep one entry per new shape, up to 1024 by default, and every GRPO step brings new
 #: lengths, so the caches grow with every step; capped at 64 they hold far less at the same speed
@@ -77,20 +81,40 @@ def cap_kernel_caches() -> None:
         os.environ.setdefault(name, value)
 
 
+def give_back_freed_memory() -> bool:
+    """Hand freed memory back to the system from now on, in this process and the processes it
+    starts: the trainers trim their heap after every step and a notebook after every cell
+    (:func:`trim_heap`, :func:`free_memory`). Without it a chapter's resident memory keeps what its
+    training steps freed, and the next cell (or a 2-process run, started beside the kernel) adds
+    to it. Every notebook turns it on (:func:`check_memory`); the low-memory mode adds unmapping
+    each large block as it is freed. Returns whether this process can trim (glibc only)."""
+    global _give_back
+    _give_back = True
+    os.environ[GIVE_BACK_ENV] = "1"               # processes started from here on inherit it
+    _free_after_every_cell()
+    return _libc("malloc_trim") is not None
+
+
+def gives_back_memory() -> bool:
+    """Whether :func:`give_back_freed_memory` (or the low-memory mode) is in effect, here or
+    through the environment."""
+    return (_give_back or low_memory()
+            or os.environ.get(GIVE_BACK_ENV, "") not in ("", "0"))
+
+
 def use_low_memory() -> bool:
     """Trade a little speed for memory from now on, in this process (the ``binder`` profile's
-    ``low_memory``): freed blocks go back to the system at once (:func:`return_freed_memory`), the
-    trainers hand back their heap's free pages after every step (:func:`trim_heap`), the GRPO
-    training pass casts each frozen weight to bf16 as it uses it (no bf16 copy of the model), the
-    sampler keeps no second, re-ordered copy of its bf16 weights, and in a notebook what each cell
-    freed goes back after it (:func:`free_memory`). Child processes inherit the mode through the
+    ``low_memory``): freed memory goes back to the system (:func:`give_back_freed_memory`), large
+    blocks as soon as they are freed (:func:`return_freed_memory`), the GRPO training pass casts
+    each frozen weight to bf16 as it uses it (no bf16 copy of the model), and the sampler keeps no
+    second, re-ordered copy of its bf16 weights. Child processes inherit the mode through the
     environment. Returns whether the allocator part took effect (glibc only; the rest always
     does)."""
     global _low_memory
     _low_memory = True
     os.environ[LOW_MEMORY_ENV] = "1"              # processes started from here on inherit the mode
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")   # (glibc reads this one at start-up)
-    _free_after_every_cell()
+    give_back_freed_memory()
     return return_freed_memory()
 
 
@@ -120,12 +144,13 @@ def low_memory() -> bool:
 
 
 def trim_heap() -> int:
-    """In low-memory mode, hand the free pages inside glibc's heaps back to the system
-    (``malloc_trim``) and return how many bytes the resident memory fell; 0 otherwise. A training
+    """Where freed memory is given back (:func:`gives_back_memory`), hand the free pages inside
+    glibc's heaps back to the system (``malloc_trim``) and return how many bytes the resident
+    memory fell; 0 otherwise. A training
     step frees thousands of small blocks (under the mmap threshold) that stay in the heap between
     live ones: on the binder profile the resident memory crept up with every GRPO update, with no
     tensor using it, and stays flat with a trim after each update."""
-    if not low_memory():
+    if not gives_back_memory():
         return 0
     trim = _libc("malloc_trim")
     if trim is None:
@@ -139,7 +164,7 @@ def trim_heap() -> int:
 def free_memory() -> int:
     """Collect Python's garbage now (a trainer and its model hold reference cycles, so ``del`` alone
     does not free them), then :func:`trim_heap`; returns the bytes the resident memory fell by
-    (0 outside low-memory mode, where only the collection runs)."""
+    (0 where freed memory is not given back, :func:`gives_back_memory`: only the collection runs)."""
 
     gc.collect()
     return trim_heap()
@@ -175,14 +200,17 @@ def check_memory(chapter: str, profile: str, path: str | Path = MEMORY_FILE,
                  limit_bytes: int | None = None) -> str:
     """One sentence on whether ``chapter`` fits this machine on ``profile``, from its measured
     peak (printed by the notebook before its heavy cells). It warns, naming the profile that
-    fits, when the measured peak is larger than the memory this machine gives. On a profile with
-    ``low_memory`` (binder) it first turns the low-memory mode on (:func:`use_low_memory`), and
-    says so."""
-    note = ""
+    fits, when the measured peak is larger than the memory this machine gives. It first turns on
+    what the measured peaks assume, and says so: on a profile with ``low_memory`` (binder) the
+    low-memory mode (:func:`use_low_memory`), on any other :func:`give_back_freed_memory`."""
     if profile in PROFILES and PROFILES[profile].low_memory:
         use_low_memory()
         note = (" Low-memory mode is on: freed memory goes back to the system at once, the trainers "
                 "trim their heap after each step, the sampler keeps one copy of its weights.")
+    else:
+        give_back_freed_memory()
+        note = (" Freed memory goes back to the system after every cell and training step (the "
+                "measured peaks assume it).")
     return _fits(chapter, profile, path, limit_bytes) + note
 
 

@@ -332,7 +332,7 @@ class TRLRun:
 
 def trim_heap_callback():
     """A ``TrainerCallback`` that hands the heap's free pages back after every optimizer step
-    (:func:`grpo_course.memory.trim_heap`; a no-op outside low-memory mode)."""
+    (:func:`grpo_course.memory.trim_heap`; a no-op where freed memory is not given back)."""
     from transformers import TrainerCallback
 
     class TrimHeap(TrainerCallback):
@@ -368,8 +368,8 @@ def train_with_trl(cfg: GRPOConfig, output_dir: str | os.PathLike, model=None, t
         train_dataset = trl_dataset("train", n=n, offset=cfg.train_offset)
     funcs, _ = reward_funcs_from_course(cfg)
     model.train()
-    # in low-memory mode (the binder profile) the heap is trimmed after each step, as the course
-    # trainer does; elsewhere the callback does nothing
+    # where freed memory is given back (every notebook; grpo_course.memory.give_back_freed_memory)
+    # the heap is trimmed after each step, as the course trainer does; elsewhere it does nothing
     callbacks = [*(callbacks or []), trim_heap_callback()]
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
                           train_dataset=train_dataset, processing_class=tokenizer,

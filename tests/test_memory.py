@@ -42,6 +42,15 @@ def test_tree_rss_counts_a_child_process():
     assert memory.tree_rss_bytes(child.pid) == 0          # gone: nothing, no error
 
 
+@pytest.fixture(autouse=True)
+def modes_restored(monkeypatch):
+    """check_memory turns modes on in this process: each test's changes are undone after it."""
+    monkeypatch.setattr(memory, "_low_memory", memory._low_memory)
+    monkeypatch.setattr(memory, "_give_back", memory._give_back)
+    for name in (memory.LOW_MEMORY_ENV, memory.GIVE_BACK_ENV):
+        monkeypatch.setenv(name, os.environ.get(name, "0"))
+
+
 def measured(tmp_path, results):
     path = tmp_path / "memory.json"
     path.write_text(json.dumps({"results": results}))
@@ -140,26 +149,36 @@ def test_check_memory_on_the_binder_profile_turns_low_memory_mode_on(tmp_path, m
     path = tmp_path / "memory.json"
     path.write_text('{"results": {}}')
     monkeypatch.setattr(memory, "_low_memory", False)          # restored after the test
-    for name in (memory.LOW_MEMORY_ENV, "MALLOC_MMAP_THRESHOLD_", *memory.ONEDNN_CACHES):
+    monkeypatch.setattr(memory, "_give_back", False)
+    for name in (memory.LOW_MEMORY_ENV, memory.GIVE_BACK_ENV, "MALLOC_MMAP_THRESHOLD_",
+                 *memory.ONEDNN_CACHES):
         monkeypatch.setenv(name, "0")                          # set, so that teardown restores them
-    assert "Low-memory mode" not in memory.check_memory("03_grpo", "full", path, limit_bytes=2 * 10**9)
-    assert not memory.low_memory()
+    said = memory.check_memory("03_grpo", "full", path, limit_bytes=2 * 10**9)
+    assert "Low-memory mode" not in said and not memory.low_memory()
+    # every profile gives freed memory back (the measured peaks assume it), children included
+    assert "goes back to the system" in said and memory.gives_back_memory()
+    assert os.environ[memory.GIVE_BACK_ENV] == "1"
     said = memory.check_memory("03_grpo", "binder", path, limit_bytes=2 * 10**9)
     assert "Low-memory mode is on" in said and memory.low_memory()
     assert os.environ[memory.LOW_MEMORY_ENV] == "1"            # child processes inherit the mode
 
 
-def test_low_memory_from_the_environment(monkeypatch):
+def test_low_memory_and_giving_back_from_the_environment(monkeypatch):
     monkeypatch.setattr(memory, "_low_memory", False)
+    monkeypatch.setattr(memory, "_give_back", False)
     monkeypatch.setenv(memory.LOW_MEMORY_ENV, "0")
-    assert not memory.low_memory() and memory.trim_heap() == 0 and memory.free_memory() == 0
+    monkeypatch.setenv(memory.GIVE_BACK_ENV, "0")
+    assert not memory.gives_back_memory() and memory.trim_heap() == 0 and memory.free_memory() == 0
+    monkeypatch.setenv(memory.GIVE_BACK_ENV, "1")          # a rank started by a notebook's kernel
+    assert memory.gives_back_memory() and not memory.low_memory()
+    monkeypatch.setenv(memory.GIVE_BACK_ENV, "0")
     monkeypatch.setenv(memory.LOW_MEMORY_ENV, "1")
-    assert memory.low_memory()
+    assert memory.low_memory() and memory.gives_back_memory()
 
 
 HOLES = """
 import os, sys
-os.environ["GRPO_COURSE_LOW_MEMORY"] = sys.argv[1]
+os.environ["GRPO_COURSE_LOW_MEMORY"] = os.environ["GRPO_COURSE_GIVE_BACK_MEMORY"] = sys.argv[1]
 import torch
 from grpo_course.memory import trim_heap
 kept, freed = [], []
@@ -172,7 +191,7 @@ print(trim_heap() / 2**20)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
 def test_trim_heap_hands_the_holes_of_the_heap_back():
-    assert _last_number(HOLES, "0") == 0          # outside low-memory mode it does nothing
+    assert _last_number(HOLES, "0") == 0          # where memory is not given back it does nothing
     assert _last_number(HOLES, "1") > 200         # most of what was freed comes back
 
 
