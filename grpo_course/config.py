@@ -482,7 +482,9 @@ PROFILES: dict[str, Profile] = {
         rewards=RewardSizes(prompts=8, max_new_tokens=160),
         # chapter 3's loop: the notebook's own step has no prompt cache and no bf16 training pass,
         # so it samples one prompt a step with shorter completions
-        loop=LoopSizes(changes={"max_completion_length": 96}),
+        # the loop's one plain forward over G completions keeps every layer's activations for the
+        # backward pass: recomputed instead, the chapter stays within an 8 GB laptop's memory
+        loop=LoopSizes(changes={"max_completion_length": 96, "gradient_checkpointing": True}),
         trl=TRLSizes(micro_batch=2),
         # chapter 7: the step under torch.profiler trains one group (it keeps every event in
         # memory), and the all-position-logits pass takes half a group (the whole batch's
@@ -509,7 +511,8 @@ def _binder_profile(full: Profile) -> Profile:
         grpo=replace(full.grpo, per_step_completions=8, generation_batch_size=16,
                      gradient_checkpointing=True),
         rewards=replace(full.rewards, prompts=4),
-        loop=replace(full.loop, pass_k_prompts=4, changes={"max_completion_length": 64}),
+        loop=replace(full.loop, pass_k_prompts=4,
+                     changes={"max_completion_length": 64, "gradient_checkpointing": True}),
         trl=replace(full.trl, eval_n=128, ddp_steps=0, dtype="auto", micro_batch=2),
         quant=replace(full.quant, eval_n=48, policy_steps=4),
         prof=replace(full.prof, copy_mib=128, full_finetune=False, logits_completions=2,

@@ -169,6 +169,26 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+@contextlib.contextmanager
+def activation_checkpointing(model, on: bool = True):
+    """Activation checkpointing on ``model`` for a while (in train mode, where it acts), as it was
+    after: chapter 3's loop recomputes each layer's activations in its backward pass instead of
+    keeping them, and hands the policy back to the fast trainer as it found it."""
+    was_on, was_training = bool(getattr(model, "is_gradient_checkpointing", False)), model.training
+    if on and not was_on:
+        enable_activation_checkpointing(model)
+        model.train()
+    try:
+        yield model
+    finally:
+        if on and not was_on:
+            if hasattr(model, "activation_checkpointing_disable"):     # transformers 5's name
+                model.activation_checkpointing_disable()
+            else:
+                model.gradient_checkpointing_disable()
+            model.train(was_training)
+
+
 def _atomic_dir(path: Path, write: Callable[[Path], None]) -> Path:
     """Run ``write(tmp)`` into a temporary folder beside ``path``, then rename it into place
     (:func:`grpo_course.atomic.atomic_write`: the old folder survives any failure)."""

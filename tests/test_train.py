@@ -274,3 +274,20 @@ def test_training_pass_attention_is_written_out_except_in_low_memory_mode(monkey
     with trainer.training_attention():      # what chapter 3's hand-written step borrows
         assert trainer.model.config._attn_implementation == ("sdpa" if low else "course_gqa")
     assert trainer.model.config._attn_implementation == "sdpa"
+
+
+def test_activation_checkpointing_for_a_while_then_as_before():
+    """Chapter 3's loop turns checkpointing on (in train mode, where it acts) and hands the policy
+    back as it found it; where it was on already (binder) it stays on."""
+    from grpo_course.train import activation_checkpointing, enable_activation_checkpointing
+
+    model = tiny_model()                                   # eval mode, no checkpointing
+    with activation_checkpointing(model, True):
+        assert model.is_gradient_checkpointing and model.training
+    assert not model.is_gradient_checkpointing and not model.training
+    with activation_checkpointing(model, False):
+        assert not model.is_gradient_checkpointing
+    enable_activation_checkpointing(model)
+    with activation_checkpointing(model, True):
+        pass
+    assert model.is_gradient_checkpointing
