@@ -335,13 +335,15 @@ class TRLSizes:
 class CurriculumSizes:
     """Chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides."""
     steps_per_stage: int = 4                     # GRPO steps per stage (and per swept lambda)
+    learning_rate: float = 1e-3                  # a larger step than chapter 3's recipe: short
+                                                 # stages must move the policy (the chapter tests it)
     max_completion_length: int = 96             # completion budget while training
     eval_n: int = 40                             # held-out basic (stage-1) test problems
     eval_max_new_tokens: int = 96                # greedy budget of those evaluations
     fisher_prompts: int = 8                      # stage-1 problems for the Fisher
     fisher_many_prompts: int = 16                # ... for the many-sample Fisher it is checked against
     nll_rows: int = 64                           # held-out stage-1 solutions scored
-    reward_samples: int = 6                      # samples per problem of a stage's own-problem reward
+    reward_samples: int = 8                      # samples per problem of a stage's own-problem reward
     lam: float = 1e4                             # EWC strength of the main run
     sweep_lams: tuple[float, ...] = (0.0, 1e4, 1e6)   # 0 and lam: the two curriculum runs
 
