@@ -514,7 +514,7 @@ def _binder_profile(full: Profile) -> Profile:
                      gradient_checkpointing=True),
         rewards=replace(full.rewards, prompts=4),
         loop=replace(full.loop, pass_k_prompts=4,
-                     changes={"max_completion_length": 64, "gradient_checkpointing": True}),
+                     changes={**full.loop.changes, "max_completion_length": 64}),
         trl=replace(full.trl, eval_n=128, ddp_steps=0, dtype="auto", micro_batch=2),
         quant=replace(full.quant, eval_n=48, policy_steps=4),
         prof=replace(full.prof, copy_mib=128, full_finetune=False, logits_completions=2,
