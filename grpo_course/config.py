@@ -344,6 +344,7 @@ class CurriculumSizes:
     fisher_many_prompts: int = 16                # ... for the many-sample Fisher it is checked against
     nll_rows: int = 64                           # held-out stage-1 solutions scored
     reward_samples: int = 8                      # samples per problem of a stage's own-problem reward
+    reward_batch: int = 32                       # sequences sampled at once for that reward
     lam: float = 1e4                             # EWC strength of the main run
     sweep_lams: tuple[float, ...] = (0.0, 1e4, 1e6)   # 0 and lam: the two curriculum runs
 
@@ -516,6 +517,7 @@ def _binder_profile(full: Profile) -> Profile:
         loop=replace(full.loop, pass_k_prompts=4,
                      changes={**full.loop.changes, "max_completion_length": 64}),
         trl=replace(full.trl, eval_n=128, ddp_steps=0, dtype="auto", micro_batch=2),
+        cl=replace(full.cl, reward_batch=16),
         quant=replace(full.quant, eval_n=48, policy_steps=4),
         prof=replace(full.prof, copy_mib=128, full_finetune=False, logits_completions=2,
                      trace_step={"num_generations": 2, "per_step_completions": 2,
