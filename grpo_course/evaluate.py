@@ -336,18 +336,22 @@ def sampled_rewards(model, tokenizer, dataset, k: int, max_new_tokens: int,
                     reward_funcs: dict | None = None, progress: bool = True) -> dict[str, Any]:
     """The policy's weighted training reward on fixed prompts: ``k`` samples per problem of
     ``dataset``, scored with ``reward_weights`` (the course's rewards, or ``reward_funcs``), and
-    each problem's mean. Two models scored on the same problems give a paired test of whether
+    each problem's mean (``per_function``: each function's unweighted per-problem means, which
+    say what moved). Two models scored on the same problems give a paired test of whether
     training moved the reward, free of which prompts a training step happened to draw."""
 
     funcs = reward_funcs or {n: REWARD_FUNCTIONS[n] for n in reward_weights}
     per_prompt: list[float] = []
+    per_function: dict[str, list[float]] = {n: [] for n in funcs}
     for chunk, texts in _sampled_blocks(model, tokenizer, list(dataset), k, max_new_tokens,
                                         temperature, seed, batch_prompts, sampling_dtype,
                                         f"reward of {k} samples", progress):
         columns = {c: [r[c] for r in chunk] for c in chunk[0]}
-        weighted, _ = score_groups(texts, columns, funcs, reward_weights, k)
+        weighted, each = score_groups(texts, columns, funcs, reward_weights, k)
         per_prompt += weighted.view(len(chunk), k).mean(1).tolist()
-    return {"n": len(per_prompt), "k": k, "per_prompt": per_prompt,
+        for name, values in each.items():
+            per_function[name] += values.view(len(chunk), k).mean(1).tolist()
+    return {"n": len(per_prompt), "k": k, "per_prompt": per_prompt, "per_function": per_function,
             "mean": sum(per_prompt) / len(per_prompt) if per_prompt else float("nan")}
 
 

@@ -235,6 +235,9 @@ def test_sampled_rewards_are_each_problems_mean_of_k_weighted_samples():
         lens = torch.tensor([float(len(c)) for c in batch.completions]).view(len(chunk), 3)
         by_hand += (0.5 * lens).mean(1).tolist()
     assert res["per_prompt"] == pytest.approx(by_hand)
+    # each function's own per-problem means, unweighted: here twice the weighted ones
+    assert list(res["per_function"]) == ["length"]
+    assert res["per_function"]["length"] == pytest.approx([2 * x for x in by_hand])
     assert res["mean"] == pytest.approx(sum(by_hand) / 3)
     again = sampled_rewards(model, tok, rows, k=3, max_new_tokens=5, reward_weights={"length": 0.5},
                             reward_funcs={"length": length}, batch_prompts=2, seed=7,
@@ -254,6 +257,8 @@ def test_sampled_rewards_with_the_course_rewards_and_pass_at_k():
     from grpo_course.rewards import correctness, exact_format
     floor = correctness(["x"], answer=["4"])[0] + 0.5 * exact_format(["x"])[0]
     assert res["per_prompt"] == pytest.approx([floor] * 3)
+    assert res["per_function"] == {"correctness": pytest.approx([correctness(["x"], answer=["4"])[0]] * 3),
+                                   "exact_format": pytest.approx([exact_format(["x"])[0]] * 3)}
     hit = pass_at_k(model, tok, rows, k=2, max_new_tokens=4, sampling_dtype=None, progress=False)
     assert (hit["n"], hit["k"], hit["pass_at_k"], hit["solved"]) == (3, 2, 0.0, [False] * 3)
     assert hit["ci95"] == wilson_interval(0, 3)
