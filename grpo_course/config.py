@@ -346,7 +346,8 @@ class CurriculumSizes:
     reward_samples: int = 8                      # samples per problem of a stage's own-problem reward
     reward_batch: int = 32                       # sequences sampled at once for that reward
     lam: float = 1e4                             # EWC strength of the main run
-    sweep_lams: tuple[float, ...] = (0.0, 1e4, 1e6)   # 0 and lam: the two curriculum runs
+    sweep_lams: tuple[float, ...] = (0.0, 1e2, 1e4)   # 0 and lam: the two curriculum runs; the
+                                                      # rest run in the chapter's sweep
 
 
 @dataclass(frozen=True)
@@ -456,7 +457,7 @@ PROFILES: dict[str, Profile] = {
         trl=TRLSizes(max_steps=1, eval_n=8, ddp_steps=1),
         cl=CurriculumSizes(steps_per_stage=1, max_completion_length=16, eval_n=2,
                            eval_max_new_tokens=24, fisher_prompts=2, fisher_many_prompts=4,
-                           nll_rows=4, reward_samples=2, sweep_lams=(0.0, 1e4, 1e6)),
+                           nll_rows=4, reward_samples=2, sweep_lams=(0.0, 1e2, 1e4)),
         quant=QuantSizes(agreement_prompts=2, torchao_prompts=1, last_k=8, batch_sizes=(1,),
                          decode_tokens=6, torchao_batch_sizes=(1,), torchao_decode_tokens=2,
                          eval_n=4, policy_steps=1),
