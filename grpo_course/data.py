@@ -194,6 +194,81 @@ def strip_calculations(solution: str) -> str:
     return _CALC.sub("", solution).strip()
 
 
+# ---------------------------------------------------------------- reverse-curriculum starts
+def work_lines(solution: str) -> list[str]:
+    """The work lines of a GSM8K solution (before ``####``), calculator annotations removed.
+
+    >>> work_lines("48/2 = <<48/2=24>>24\\n48+24 = <<48+24=72>>72\\n#### 72")
+    ['48/2 = 24', '48+24 = 72']
+    """
+    work = strip_calculations((solution or "").rsplit("####", 1)[0])
+    return [line.strip() for line in work.splitlines() if line.strip()]
+
+
+def gold_start(solution: str, lines_left: int | None) -> str | None:
+    """The beginning of the assistant's answer that leaves ``lines_left`` work lines (and the
+    ``#### N`` line) to write: the gold solution's first lines, one per line, each ending in a
+    newline (R3's reverse curriculum, arXiv 2402.05808). ``None`` (or as many lines as the
+    solution has) is the whole problem: an empty start. A solution with fewer work lines than
+    ``lines_left`` has no such start: ``None``."""
+    lines = work_lines(solution)
+    if lines_left is None:
+        return ""
+    check_lines_left(lines_left)
+    if lines_left > len(lines):
+        return None
+    return "".join(line + "\n" for line in lines[:len(lines) - lines_left])
+
+
+def check_lines_left(lines_left) -> int:
+    """``lines_left`` as a positive integer, or a :class:`DataError` naming the bad value."""
+    if isinstance(lines_left, bool) or not isinstance(lines_left, int) or lines_left < 1:
+        raise DataError(f"lines_left must be a whole number >= 1 (work lines the model writes "
+                        f"itself) or none for whole problems; got {lines_left!r}")
+    return lines_left
+
+
+def gold_starts(dataset, lines_left: int | None, strata: Iterable[str] | None = None):
+    """The rows of ``dataset`` (from :func:`load_gsm8k`) as starts: a ``start`` column (the
+    answer's given beginning, see :func:`gold_start`) and a ``lines_left`` column (work lines
+    the model writes; a whole problem's is its ``num_steps``). Rows of other ``strata`` and rows
+    with fewer work lines than ``lines_left`` are left out (``len(dataset) - len(result)`` says
+    how many)."""
+    if strata is not None:
+        strata = set(strata)
+        unknown = strata - set(STRATA)
+        if unknown:
+            raise DataError(f"unknown stratum {sorted(unknown)[0]!r}; choose from {', '.join(STRATA)}")
+    keep, starts, left = [], [], []
+    for i, row in enumerate(dataset):
+        if strata is not None and row["difficulty"] not in strata:
+            continue
+        start = gold_start(row["solution"], lines_left)
+        if start is None:
+            continue
+        keep.append(i)
+        starts.append(start)
+        left.append(len(work_lines(row["solution"])) if lines_left is None else lines_left)
+    out = dataset.select(keep)
+    for name in ("start", "lines_left"):
+        if name in out.column_names:
+            out = out.remove_columns(name)
+    return out.add_column("start", starts).add_column("lines_left", left)
+
+
+def start_prompt(row: dict[str, Any], tokenizer, system_prompt: str = SYSTEM_PROMPT) -> str:
+    """The prompt text of one row: its chat prompt, then its ``start`` (if it has one), so
+    the model continues the answer from there."""
+    return chat_prompt(row["question"], tokenizer, system_prompt) + (row.get("start") or "")
+
+
+def start_prompts(rows: dict[str, list], tokenizer, system_prompt: str = SYSTEM_PROMPT) -> list[str]:
+    """:func:`start_prompt` of each row of a column batch (``{"question": [...], ...}``)."""
+    starts = rows.get("start") or [""] * len(rows["question"])
+    return [chat_prompt(q, tokenizer, system_prompt) + (s or "")
+            for q, s in zip(rows["question"], starts, strict=True)]
+
+
 def sft_text(question: str, solution: str, tokenizer,
              system_prompt: str = SYSTEM_PROMPT) -> tuple[str, str]:
     """(prompt, target) for supervised warm-up: the target is the GSM8K solution

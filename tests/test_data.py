@@ -120,3 +120,76 @@ def test_real_gsm8k_parses(real_gsm8k_dir):
 def test_strip_calculations():
     from grpo_course.data import strip_calculations
     assert strip_calculations(ROWS[0]["answer"]) == "Tom has 3 + 4 = 7 apples.\n#### 7"
+
+
+# ---------------------------------------------------------------- reverse-curriculum starts
+def _rows(raw=ROWS):
+    import datasets
+    return datasets.Dataset.from_list([{**parse_row(r), "idx": i} for i, r in enumerate(raw)])
+
+
+def test_work_lines_drop_annotations_and_the_answer_line():
+    from grpo_course.data import work_lines
+    assert work_lines(ROWS[4]["answer"]) == ["First 2 * 3 = 6 km.", "Then 4 * 2 = 8 km.", "Then 1 km.",
+                                             "In total 6 + 8 = 14.", "And 14 + 1 = 15 km."]
+    assert work_lines("#### 3") == [] and work_lines("") == []
+
+
+@pytest.mark.parametrize("lines_left, expected", [
+    (1, "First 2 * 3 = 6 km.\nThen 4 * 2 = 8 km.\nThen 1 km.\nIn total 6 + 8 = 14.\n"),
+    (4, "First 2 * 3 = 6 km.\n"),
+    (5, ""),            # as many lines left as the solution has: the whole problem
+    (6, None),          # more than it has: no such start
+    (None, ""),
+])
+def test_gold_start_leaves_the_last_lines(lines_left, expected):
+    from grpo_course.data import gold_start
+    assert gold_start(ROWS[4]["answer"], lines_left) == expected
+
+
+def test_gold_start_of_a_one_line_solution():
+    from grpo_course.data import gold_start
+    one = ROWS[0]["answer"]
+    assert gold_start(one, 1) == "" and gold_start(one, 2) is None and gold_start(one, None) == ""
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_gold_start_rejects_a_bad_lines_left(bad):
+    from grpo_course.data import gold_start
+    with pytest.raises(DataError, match="lines_left must be a whole number >= 1"):
+        gold_start(ROWS[4]["answer"], bad)
+
+
+def test_gold_starts_add_columns_and_skip_short_solutions():
+    from grpo_course.data import gold_starts
+    rows = _rows()
+    two = gold_starts(rows, 2)
+    assert list(two["idx"]) == [2, 4]                    # the two solutions with >= 2 work lines
+    assert list(two["lines_left"]) == [2, 2]
+    assert two[0]["start"] == "" and two[1]["start"].count("\n") == 3
+    whole = gold_starts(rows, None)
+    assert len(whole) == len(rows) and set(whole["start"]) == {""}
+    assert list(whole["lines_left"]) == list(rows["num_steps"])
+    again = gold_starts(two, 1)                           # a start of starts replaces the columns
+    assert list(again["lines_left"]) == [1, 1] and again[1]["start"].count("\n") == 4
+
+
+def test_gold_starts_by_stratum():
+    from grpo_course.data import gold_starts
+    rows = _rows()
+    basic = gold_starts(rows, 1, strata=["basic"])
+    assert set(basic["difficulty"]) == {"basic"} and len(basic) == 5
+    with pytest.raises(DataError, match="unknown stratum 'easy'"):
+        gold_starts(rows, 1, strata=["easy"])
+
+
+def test_start_prompt_continues_the_answer():
+    from grpo_course.data import chat_prompt, gold_starts, start_prompt, start_prompts
+    from tests.helpers import tiny_tokenizer
+    tok = tiny_tokenizer()
+    row = gold_starts(_rows(), 1)[4]
+    assert start_prompt(row, tok) == chat_prompt(row["question"], tok) + row["start"]
+    assert start_prompt({"question": "q"}, tok) == chat_prompt("q", tok)
+    batch = {"question": ["q", "r"], "start": ["a\n", ""]}
+    assert start_prompts(batch, tok) == [chat_prompt("q", tok) + "a\n", chat_prompt("r", tok)]
+    assert start_prompts({"question": ["q"]}, tok) == [chat_prompt("q", tok)]
