@@ -26,7 +26,7 @@ from typing import Any
 
 from .answers import normalize_number
 from .arithmetic import arithmetic_check
-from .data import solution_results
+from .data import last_number, solution_results
 from .evaluate import EvalResult
 from .rewards import score_completions, step_f1, weighted_sum
 from .stats import mcnemar_test, paired_difference  # noqa: F401 (chapters import it here too)
@@ -52,19 +52,26 @@ def chance_candidates(question: str) -> set[Fraction]:
 
 
 def chance_baseline(dataset) -> dict[str, Any]:
-    """How often the gold answer is one operation away from two numbers of the question
-    (``one_step_reachable``), and the accuracy of a guesser that picks one of those candidates
-    uniformly at random (``uniform_guess_accuracy``, its expectation)."""
-    reachable, expected = 0, 0.0
+    """How often the gold answer is one operation away from two numbers of the question and of
+    the row's ``start``, where it has one (``one_step_reachable``), and the accuracy of a guesser
+    that picks one of those candidates uniformly at random (``uniform_guess_accuracy``, its
+    expectation); at a start, also the accuracy of copying the start's last number
+    (``copy_last_accuracy``, ``None`` without starts)."""
+    reachable, expected, copied, starts = 0, 0.0, 0, 0
     rows = list(dataset)
     for row in rows:
-        candidates = chance_candidates(row["question"])
+        start = row.get("start") or ""
+        candidates = chance_candidates(row["question"] + "\n" + start)
         if Fraction(row["answer"]) in candidates:
             reachable += 1
             expected += 1 / len(candidates)
+        if "start" in row:
+            starts += 1
+            copied += last_number(start) == row["answer"]
     n = len(rows)
     return {"n": n, "one_step_reachable": reachable / n if n else 0.0,
-            "uniform_guess_accuracy": expected / n if n else 0.0}
+            "uniform_guess_accuracy": expected / n if n else 0.0,
+            "copy_last_accuracy": copied / starts if starts else None}
 
 
 def step_scores(result: EvalResult, dataset) -> list[float]:

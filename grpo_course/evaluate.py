@@ -13,6 +13,7 @@ import contextlib
 import csv
 import hashlib
 import json
+import sys
 import textwrap
 import time
 from collections.abc import Sequence
@@ -27,14 +28,30 @@ from tqdm.auto import tqdm
 from .answers import answers_match  # the course's one correctness rule (also the rewards')
 from .atomic import atomic_write, write_json_atomic
 from .config import SAMPLING_DTYPES, ConfigError
-from .data import STRATA, SYSTEM_PROMPT, chat_prompt, extract_hash_answer, load_gsm8k
+from .data import (
+    STRATA,
+    SYSTEM_PROMPT,
+    chat_prompt,
+    check_lines_left,
+    extract_hash_answer,
+    gold_starts,
+    load_gsm8k,
+    start_prompt,
+)
 from .errors import OneLineArgumentParser, report
 from .fingerprint import code_fingerprint
 from .models import cache_dir, load_model, quiet_loading
 from .rewards import REWARD_FUNCTIONS, computed_results, score_completions
 from .runs import RUN_CONFIG_FILE, load_run_config
 from .sampling import sample_completions, sampler_dtype
-from .stats import linear_trend, mcnemar_test, wilson_interval  # noqa: F401 (chapters import them here too)
+from .stats import (  # noqa: F401 (chapters import linear_trend, mcnemar_test here too)
+    linear_trend,
+    mcnemar_test,
+    mean_interval,
+    mixed_group_chance,
+    pass_at_k_estimate,
+    wilson_interval,
+)
 from .train import score_groups
 
 
@@ -176,7 +193,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
     if batch_size <= 0 or max_new_tokens <= 0:
         raise ValueError("batch_size and max_new_tokens must be positive")
     rows = list(dataset)
-    prompts = [chat_prompt(r["question"], tokenizer, system_prompt) for r in rows]
+    prompts = [start_prompt(r, tokenizer, system_prompt) for r in rows]
     dtype = sampler_dtype(model, sampling_dtype)
     fingerprint = weights_fingerprint(model) if cache else None
     code = code_fingerprint(*EVAL_MODULES) if cache else None
@@ -229,7 +246,8 @@ def _decode_block(model, tokenizer, rows, prompts, first: int, batch_size: int,
             row, text = rows[i], batch.completions[j]
             predicted = extract_hash_answer(text)
             records[i] = {"idx": row.get("idx", first + i), "difficulty": row.get("difficulty"),
-                          "num_steps": row.get("num_steps"), "gold": row["answer"],
+                          "num_steps": row.get("num_steps"), "lines_left": row.get("lines_left"),
+                          "gold": row["answer"],
                           "predicted": predicted, "formatted": predicted is not None,
                           "correct": answers_match(predicted, row["answer"]),
                           "consistent": work_consistent(text),
@@ -240,14 +258,27 @@ def _decode_block(model, tokenizer, rows, prompts, first: int, batch_size: int,
 
 def evaluate(model_name: str, split: str = "test", n: int = 200, offset: int = 0,
              data_dir: str | None = None, batch_size: int = 32, max_new_tokens: int = 256,
-             progress: bool = True, sampling_dtype: str | None = "auto") -> EvalResult:
+             progress: bool = True, sampling_dtype: str | None = "auto",
+             lines_left: int | None = None) -> EvalResult:
     """Load ``model_name`` (bundled name, folder or hub id) and evaluate it on
-    ``n`` problems of ``split`` starting at row ``offset``."""
+    ``n`` problems of ``split`` starting at row ``offset``; with ``lines_left`` at the gold
+    start that leaves that many work lines (problems with fewer are skipped, and a line on
+    stderr says how many)."""
 
     dataset = load_gsm8k(split, data_dir=data_dir, limit=n, offset=offset)
     if len(dataset) == 0:
         raise ValueError(f"no GSM8K {split} problems to evaluate from row {offset} on: the file is "
                          f"empty or --offset is past its end")
+    if lines_left is not None:
+        starts = gold_starts(dataset, check_lines_left(lines_left))
+        skipped = len(dataset) - len(starts)
+        if len(starts) == 0:
+            raise ValueError(f"none of the {len(dataset)} problems has {lines_left} or more work "
+                             f"lines: --lines-left {lines_left} leaves nothing to evaluate")
+        if skipped:
+            print(f"--lines-left {lines_left}: skipped {skipped} of {len(dataset)} problems with "
+                  f"fewer work lines; evaluating {len(starts)}", file=sys.stderr)
+        dataset = starts
     model, tokenizer = load_model(model_name)
     return evaluate_model(model, tokenizer, dataset, batch_size=batch_size,
                           max_new_tokens=max_new_tokens, progress=progress, name=model_name,
@@ -307,10 +338,26 @@ def _sampled_blocks(model, tokenizer, rows: list, k: int, max_new_tokens: int, t
 
     for lo in tqdm(range(0, len(rows), batch_prompts), desc=desc, disable=not progress):
         chunk = rows[lo:lo + batch_prompts]
-        batch = sample_completions(model, tokenizer, [chat_prompt(r["question"], tokenizer)
-                                                      for r in chunk], k, max_new_tokens,
+        batch = sample_completions(model, tokenizer, [start_prompt(r, tokenizer) for r in chunk],
+                                   k, max_new_tokens,
                                    temperature, seed=seed + lo, sampling_dtype=sampling_dtype)
         yield chunk, batch.completions
+
+
+def correct_counts(model, tokenizer, dataset, samples: int, max_new_tokens: int,
+                   temperature: float = 1.0, seed: int = 0, batch_prompts: int = 4,
+                   sampling_dtype: str | None = "auto", progress: bool = True,
+                   desc: str | None = None) -> list[int]:
+    """How many of ``samples`` sampled answers to each problem of ``dataset`` are right (at its
+    ``start``, where the rows have one): what pass@k and the mixed groups are estimated from."""
+    counts = []
+    for chunk, texts in _sampled_blocks(model, tokenizer, list(dataset), samples, max_new_tokens,
+                                        temperature, seed, batch_prompts, sampling_dtype,
+                                        desc or f"{samples} samples", progress):
+        for j, r in enumerate(chunk):
+            counts.append(sum(answers_match(extract_hash_answer(t), r["answer"])
+                              for t in texts[j * samples:(j + 1) * samples]))
+    return counts
 
 
 def pass_at_k(model, tokenizer, dataset, k: int, max_new_tokens: int, temperature: float = 1.0,
@@ -318,16 +365,30 @@ def pass_at_k(model, tokenizer, dataset, k: int, max_new_tokens: int, temperatur
               progress: bool = True) -> dict[str, Any]:
     """pass@k: the share of problems with at least one correct answer among ``k`` samples
     (the chance that a GRPO group of G = k holds a correct completion), with its interval."""
-    solved = []
-    for chunk, texts in _sampled_blocks(model, tokenizer, list(dataset), k, max_new_tokens,
-                                        temperature, seed, batch_prompts, sampling_dtype,
-                                        f"pass@{k}", progress):
-        for j, r in enumerate(chunk):
-            solved.append(any(answers_match(extract_hash_answer(t), r["answer"])
-                              for t in texts[j * k:(j + 1) * k]))
+    solved = [c > 0 for c in correct_counts(model, tokenizer, dataset, k, max_new_tokens,
+                                            temperature, seed, batch_prompts, sampling_dtype,
+                                            progress, f"pass@{k}")]
     hits = sum(solved)
     return {"n": len(solved), "k": k, "pass_at_k": hits / len(solved) if solved else 0.0,
             "ci95": wilson_interval(hits, len(solved)), "solved": solved}
+
+
+def pass_at_k_curve(counts: Sequence[int], samples: int, ks: Sequence[int] = (1, 2, 4, 8, 16),
+                    group_size: int | None = None) -> dict[str, Any]:
+    """pass@k for each ``k`` of ``ks`` (at most ``samples``) from each problem's right answers
+    among ``samples`` (:func:`correct_counts`), by the unbiased estimator, with 95 % intervals
+    over problems; with ``group_size`` also the share of groups of that size that are mixed
+    (right and wrong answers both: the groups whose correctness reward teaches)."""
+    if len(counts) < 2:
+        raise ValueError(f"pass@k intervals need at least 2 problems; got {len(counts)}")
+    curve = {str(k): mean_interval([pass_at_k_estimate(samples, c, k) for c in counts], (0, 1))
+             for k in ks if k <= samples}
+    out: dict[str, Any] = {"n": len(counts), "samples": samples, "pass_at_k": curve}
+    if group_size is not None:
+        out["mixed_groups"] = mean_interval([mixed_group_chance(samples, c, group_size)
+                                             for c in counts], (0, 1))
+        out["group_size"] = group_size
+    return out
 
 
 def sampled_rewards(model, tokenizer, dataset, k: int, max_new_tokens: int,
@@ -435,6 +496,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--sampling-dtype", default="auto", choices=SAMPLING_DTYPES,
                         help="decoder weight precision (auto: bf16 on CPUs with native bf16)")
+    parser.add_argument("--lines-left", type=int, default=None, metavar="K",
+                        help="evaluate at the gold start: the answer begins with each solution's "
+                             "work lines but the last K (problems with fewer lines are skipped)")
     parser.add_argument("--csv", default=None, help="write per-problem records here")
     parser.add_argument("--compare", default=None, metavar="OTHER",
                         help="also evaluate OTHER on the same problems and test the difference "
@@ -443,7 +507,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for flag, value, low in (("--n", args.n, 1), ("--offset", args.offset, 0),
                              ("--batch-size", args.batch_size, 1),
-                             ("--max-new-tokens", args.max_new_tokens, 1)):
+                             ("--max-new-tokens", args.max_new_tokens, 1),
+                             ("--lines-left", 1 if args.lines_left is None else args.lines_left, 1)):
         if value < low:
             parser.error(f"{flag} must be >= {low}; got {value}")
     if args.csv and (Path(args.csv).is_dir() or not Path(args.csv).parent.is_dir()):
@@ -455,7 +520,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in names:
             results.append(evaluate(name, args.split, args.n, args.offset, args.data_dir,
                                     args.batch_size, args.max_new_tokens, progress=not args.json,
-                                    sampling_dtype=args.sampling_dtype))
+                                    sampling_dtype=args.sampling_dtype,
+                                    lines_left=args.lines_left))
         if args.csv:
             write_csv(results[0], args.csv)
     except (ValueError, RuntimeError, OSError) as exc:   # CourseError: data, model, config

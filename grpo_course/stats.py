@@ -90,3 +90,34 @@ def linear_trend(values: Sequence[float]) -> dict[str, float]:
     resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in points)
     half = t_quantile(n - 2) * math.sqrt(resid / (n - 2) / sxx)
     return {"slope": slope, "lo": slope - half, "hi": slope + half, "n": n}
+
+
+def pass_at_k_estimate(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of one problem from ``n`` samples of which ``c`` are right: the chance
+    that ``k`` of them drawn without replacement hold at least one right answer,
+    ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021, arXiv 2107.03374)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def mixed_group_chance(n: int, c: int, g: int) -> float:
+    """The chance that a group of ``g`` of the ``n`` samples (``c`` right) holds both a right and
+    a wrong answer: the groups where GRPO's correctness reward has a signal."""
+    if not 0 <= c <= n or not 2 <= g <= n:
+        raise ValueError(f"a mixed group needs 0 <= c <= n and 2 <= g <= n; got n={n}, c={c}, g={g}")
+    return 1.0 - (math.comb(c, g) + math.comb(n - c, g)) / math.comb(n, g)
+
+
+def mean_interval(values: Sequence[float],
+                  bounds: tuple[float, float] = (-math.inf, math.inf)) -> dict[str, float]:
+    """Mean of per-problem values with its 95 % interval (Student's t, n - 1 degrees of freedom),
+    cut to ``bounds`` (a share's interval stays within 0 and 1)."""
+    n = len(values)
+    if n < 2:
+        raise ValueError("a mean's interval needs at least 2 values")
+    mean = sum(map(float, values)) / n
+    sd = math.sqrt(sum((float(v) - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile(n - 1) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "lo": max(bounds[0], mean - half),
+            "hi": min(bounds[1], mean + half)}

@@ -71,6 +71,16 @@ def test_chance_candidates_are_one_operation_from_the_question():
     # 42 = 12 + 30 is one step away; 27 and 210 need two steps
     assert base["n"] == 3 and base["one_step_reachable"] == pytest.approx(1 / 3)
     assert base["uniform_guess_accuracy"] == pytest.approx(1 / 3 / len(found))
+    assert base["copy_last_accuracy"] is None                     # no starts
+
+
+def test_chance_baseline_at_a_start_counts_its_numbers_and_copying():
+    row = {"question": "Tom has 12 apples and buys 30 more. He eats 2.", "answer": "40",
+           "start": "12 + 30 = 42 apples\n"}
+    base = chance_baseline([row])
+    assert base["one_step_reachable"] == 1.0                      # 42 - 2: from the start's number
+    assert base["copy_last_accuracy"] == 0.0
+    assert chance_baseline([{**row, "answer": "42"}])["copy_last_accuracy"] == 1.0
 
 
 def test_earned_needs_a_correct_answer_and_only_right_equations():

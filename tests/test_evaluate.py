@@ -262,3 +262,35 @@ def test_sampled_rewards_with_the_course_rewards_and_pass_at_k():
     hit = pass_at_k(model, tok, rows, k=2, max_new_tokens=4, sampling_dtype=None, progress=False)
     assert (hit["n"], hit["k"], hit["pass_at_k"], hit["solved"]) == (3, 2, 0.0, [False] * 3)
     assert hit["ci95"] == wilson_interval(0, 3)
+
+
+def test_pass_at_k_curve_from_counts():
+    from grpo_course.evaluate import pass_at_k_curve
+    curve = pass_at_k_curve([0, 0, 4, 16], 16, ks=(1, 8, 32), group_size=8)
+    assert set(curve["pass_at_k"]) == {"1", "8"}                       # k past the samples: left out
+    assert curve["pass_at_k"]["1"]["mean"] == pytest.approx((4 / 16 + 1) / 4)
+    assert curve["pass_at_k"]["8"]["mean"] > curve["pass_at_k"]["1"]["mean"]
+    assert 0 < curve["mixed_groups"]["mean"] < 0.25 and curve["n"] == 4
+    with pytest.raises(ValueError, match="at least 2 problems"):
+        pass_at_k_curve([3], 16)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("0", "--lines-left must be >= 1; got 0"),
+    ("-2", "--lines-left must be >= 1; got -2"),
+    ("1.5", "invalid int value: '1.5'"),
+])
+def test_cli_rejects_a_bad_lines_left(value, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--lines-left", value, "--n", "2"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_cli_refuses_a_start_no_problem_has(tmp_path, capsys):
+    from tests.helpers import ROWS, write_jsonl
+    write_jsonl(tmp_path / "test.jsonl", ROWS)
+    assert main(["--data-dir", str(tmp_path), "--n", "6", "--lines-left", "9", "--json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none of the 6 problems has 9 or more work lines" in err[0]

@@ -83,3 +83,33 @@ def test_a_few_pairs_get_the_wide_interval_they_deserve():
     se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 7 / 8)
     assert out["hi"] - out["difference"] == pytest.approx(2.3646 * se, rel=1e-3)
     assert out["p_value"] > math.erfc(mean / se / math.sqrt(2))
+
+
+def test_pass_at_k_estimate_is_the_chance_of_a_right_answer_among_k():
+    from grpo_course.stats import pass_at_k_estimate
+    assert pass_at_k_estimate(16, 0, 8) == 0.0 and pass_at_k_estimate(16, 16, 1) == 1.0
+    assert pass_at_k_estimate(16, 4, 1) == pytest.approx(0.25)          # pass@1: the mean
+    assert pass_at_k_estimate(4, 1, 2) == pytest.approx(0.5)            # 3 of 6 pairs hold it
+    assert pass_at_k_estimate(16, 1, 16) == 1.0
+    values = [pass_at_k_estimate(16, 3, k) for k in (1, 2, 4, 8, 16)]
+    assert values == sorted(values)                                     # rises with k
+    with pytest.raises(ValueError, match="pass@k needs"):
+        pass_at_k_estimate(4, 5, 2)
+
+
+def test_mixed_group_chance():
+    from grpo_course.stats import mixed_group_chance
+    assert mixed_group_chance(8, 0, 8) == 0.0 and mixed_group_chance(8, 8, 4) == 0.0
+    assert mixed_group_chance(8, 1, 8) == 1.0
+    assert mixed_group_chance(4, 2, 2) == pytest.approx(4 / 6)   # 4 of the 6 pairs mix
+    with pytest.raises(ValueError, match="mixed group needs"):
+        mixed_group_chance(4, 1, 1)
+
+
+def test_mean_interval():
+    from grpo_course.stats import mean_interval
+    m = mean_interval([0.0, 1.0, 0.0, 1.0])
+    assert m["mean"] == 0.5 and m["lo"] < 0.5 < m["hi"] and m["n"] == 4
+    assert mean_interval([0.2, 0.2])["lo"] == pytest.approx(0.2)
+    with pytest.raises(ValueError):
+        mean_interval([1.0])
