@@ -94,6 +94,11 @@ class GRPOConfig:
     prompt_order: str = field(default="random", metadata={
         "help": "random | easy_first (basic -> intermediate -> advanced, chapter 1's strata) | "
                 "sequential (the data set's own order: TRL's shuffle_dataset=False)."})
+    lines_left: int | None = field(default=None, metadata={
+        "help": "Reverse-curriculum start (R3): each GRPO prompt's answer begins with its gold "
+                "solution's work lines but the last K, and the model writes those K lines and "
+                "the '#### N' line; a problem with K or fewer lines starts whole; none: whole "
+                "problems."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling: keep this much probability mass."})
     sampling_dtype: str = field(default="auto", metadata={
@@ -171,6 +176,8 @@ class GRPOConfig:
                                   f"least per_step_completions ({self.per_step_completions})")
         if self.train_micro_batch is not None and self.train_micro_batch < 1:
             raise ConfigError(f"train_micro_batch must be >= 1 (or none); got {self.train_micro_batch}")
+        if self.lines_left is not None and self.lines_left < 1:
+            raise ConfigError(f"lines_left must be >= 1 (or none: whole problems); got {self.lines_left}")
         if self.report_to not in ("none", "trackio"):
             raise ConfigError(f"report_to must be none or trackio; got {self.report_to!r}")
 
@@ -304,10 +311,9 @@ class RewardSizes:
 
 @dataclass(frozen=True)
 class LoopSizes:
-    """Chapter 3: pass@G before and after GRPO, and your GRPO loop (written out in the notebook),
+    """Chapter 3: your GRPO loop (written out in the notebook),
     run twice from the warm start: as the profile's recipe runs (beta = 0, one update per batch)
     and with a KL term and batch reuse."""
-    pass_k_prompts: int = 8          # first training prompts of the pass@G table
     steps: int = 10                  # steps of the first run (the profile's beta and mu)
     kl_steps: int = 5                # steps of the second run (beta > 0, mu > 1)
     prompts: int = 1                 # prompts per step (G completions each)
@@ -386,6 +392,24 @@ class ProfilingSizes:
                                                      # (None: all)
 
 
+#: Completion budget at a reverse-curriculum start (lines_left -> new tokens): room for the lines
+#: left and the answer line; whole problems use the evaluation's budget (``EvalConfig``).
+START_BUDGETS: dict[int, int] = {1: 64, 2: 112}
+
+
+@dataclass(frozen=True)
+class StartSizes:
+    """Chapter 3's main run and its held-out tests at the reverse-curriculum start: the recipe's
+    changes on top of the profile's ``grpo`` (``recipes/reverse_curriculum.yaml``, the start that
+    ``bench/headroom.py`` picks), the held-out test slices the accuracy at that start is tested on
+    (each with its own paired test), and the samples behind the pass@k curves."""
+    changes: dict[str, Any] = field(default_factory=lambda: dict(REVERSE_CURRICULUM))
+    slices: tuple[tuple[int, int], ...] = ((512, 768), (768, 1024))   # test rows [start, end)
+    samples: int = 16                    # samples per problem of the pass@k curves (k <= samples)
+    pass_k_problems: int = 32            # first problems of each slice in the pass@k curves
+    transfer_problems: int = 128         # first problems of the first slice at one more line left
+
+
 @dataclass(frozen=True)
 class ShortRunSizes:
     """Chapters 4 and 5 train shorter runs than chapter 3, with smaller steps (see
@@ -406,6 +430,7 @@ class Profile:
     data: DataSizes = field(default_factory=DataSizes)               # chapter 1
     rewards: RewardSizes = field(default_factory=RewardSizes)        # chapter 2
     loop: LoopSizes = field(default_factory=LoopSizes)               # chapter 3
+    start: StartSizes = field(default_factory=StartSizes)            # chapter 3's main run
     trl: TRLSizes = field(default_factory=TRLSizes)                  # chapter 4
     cl: CurriculumSizes = field(default_factory=CurriculumSizes)     # chapter 5
     quant: QuantSizes = field(default_factory=QuantSizes)            # chapter 6
@@ -414,6 +439,11 @@ class Profile:
     # memory: trade a little speed for memory (grpo_course.memory.use_low_memory: freed tensors go
     # back to the system at once, heaps trimmed after each step, one sampler weight copy; binder)
     low_memory: bool = False
+
+    @property
+    def main_run(self) -> GRPOConfig:
+        """Chapter 3's main run: the profile's recipe at the reverse-curriculum start."""
+        return replace(self.grpo, **self.start.changes)
 
     def with_grpo(self, **changes: Any) -> Profile:
         return replace(self, grpo=replace(self.grpo, **changes))
@@ -443,6 +473,8 @@ def full_grpo_steps() -> int:
 #: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),
 #: read from the recipe that a student runs from the shell: ``recipes/grpo_levers.yaml``.
 GRPO_LEVERS: dict[str, Any] = load_recipe(RECIPES_DIR / "grpo_levers.yaml")
+#: ... and chapter 3's main run on top of them: GRPO where the groups are mixed
+REVERSE_CURRICULUM: dict[str, Any] = load_recipe(RECIPES_DIR / "reverse_curriculum.yaml")
 
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
@@ -453,7 +485,11 @@ PROFILES: dict[str, Profile] = {
                         **{**GRPO_LEVERS, "generation_batch_size": 16}),
         data=DataSizes(n_inspect=200, n_demo=1),
         rewards=RewardSizes(prompts=2, max_new_tokens=48),
-        loop=LoopSizes(pass_k_prompts=2, steps=2, kl_steps=1, prompts=1, pool=2),
+        loop=LoopSizes(steps=2, kl_steps=1, prompts=1, pool=2),
+        start=StartSizes(changes={**REVERSE_CURRICULUM, "generation_batch_size": 16,
+                                  "max_completion_length": 32},
+                         slices=((512, 520), (768, 776)), samples=4, pass_k_problems=2,
+                         transfer_problems=4),
         trl=TRLSizes(max_steps=1, eval_n=8, ddp_steps=1),
         cl=CurriculumSizes(steps_per_stage=1, max_completion_length=16, eval_n=2,
                            eval_max_new_tokens=24, fisher_prompts=2, fisher_many_prompts=4,
@@ -515,8 +551,10 @@ def _binder_profile(full: Profile) -> Profile:
         grpo=replace(full.grpo, per_step_completions=8, generation_batch_size=16,
                      gradient_checkpointing=True),
         rewards=replace(full.rewards, prompts=4),
-        loop=replace(full.loop, pass_k_prompts=4,
+        loop=replace(full.loop,
                      changes={**full.loop.changes, "max_completion_length": 64}),
+        start=replace(full.start, changes={**full.start.changes, "generation_batch_size": 32},
+                      slices=((512, 640), (768, 896))),
         trl=replace(full.trl, eval_n=128, ddp_steps=0, dtype="auto", micro_batch=2),
         cl=replace(full.cl, reward_batch=16),
         quant=replace(full.quant, eval_n=48, policy_steps=4),

@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from .atomic import atomic_write
 from .cli import CHECKPOINT, parse_train_args, run_folder
 from .config import ConfigError, GRPOConfig
-from .data import STRATA, chat_prompts, load_gsm8k, sft_text
+from .data import STRATA, gold_start, load_gsm8k, sft_text, start_prompts
 from .errors import CourseError, RewardError, report
 from .grpo import (
     course_attention,
@@ -390,6 +390,15 @@ class CourseTrainer:
         config's seed and the step count, so a resumed run samples what an uninterrupted one does)."""
         return self.config.seed * 1_000_003 + self.global_step * 101 + round_
 
+    def prompts(self, rows: dict[str, list]) -> list[str]:
+        """The prompt texts of ``rows``: each chat prompt, continued by the row's ``start`` column
+        where the data set has one, else by the gold start of ``config.lines_left`` (a problem
+        with that many lines or fewer starts whole)."""
+        K = self.config.lines_left
+        if K is not None and "start" not in rows:
+            rows = {**rows, "start": [gold_start(s, K) or "" for s in rows["solution"]]}
+        return start_prompts(rows, self.tokenizer)
+
     def generate_and_score(self, rows: dict[str, list]):
         """Sample G completions per prompt of ``rows`` and score them. With ``dynamic_sampling``
         (DAPO) groups whose rewards all tie (judged on ``dynamic_sampling_reward`` when it names
@@ -404,7 +413,7 @@ class CourseTrainer:
         while True:
             with self._phase("sampling"):
                 batch = sample_completions(
-                    self.model, self.tokenizer, chat_prompts(rows["question"], self.tokenizer), G,
+                    self.model, self.tokenizer, self.prompts(rows), G,
                     cfg.max_completion_length, cfg.temperature, cfg.top_p,
                     seed=self.sampling_seed(rounds),
                     sampling_dtype=cfg.sampling_dtype)

@@ -109,7 +109,8 @@ POLICY_DIR = "policy"
 
 
 def trained_policy(profile, train_dataset) -> tuple[Path, str]:
-    """A GRPO-trained policy of ``profile``'s recipe and one sentence saying which: chapter 3's
+    """A GRPO-trained policy of ``profile``'s main run (:attr:`~grpo_course.config.Profile.main_run`)
+    and one sentence saying which: chapter 3's
     (``runs_dir()/grpo``: its warm start and GRPO adapter, which
     :func:`~grpo_course.models.load_model` merges) when chapter 3 ran on this profile; else the
     same recipe trained now from the warm start for ``profile.quant.policy_steps`` steps, saved
@@ -121,13 +122,13 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
     if (chapter3 / "adapter_config.json").is_file() and (chapter3 / adapter).is_file():
         ran = {k: list(v) if isinstance(v, tuple) else v
                for k, v in (load_run_config(chapter3) or {}).items()}
-        same = all(ran.get(k) == v for k, v in config_to_dict(profile.grpo).items())
+        same = all(ran.get(k) == v for k, v in config_to_dict(profile.main_run).items())
         broken = unloadable(chapter3 / adapter)
         if same and broken is None:
             return chapter3, "chapter 3's GRPO policy (its warm start and GRPO adapter, merged)"
         print(f"{chapter3} is not chapter 3's run of this recipe "
               f"({broken or 'its config.yaml differs'}); training the policy here")
-    config = dataclasses.replace(profile.grpo, max_steps=profile.quant.policy_steps)
+    config = dataclasses.replace(profile.main_run, max_steps=profile.quant.policy_steps)
     sft_dir = warm_start(config, train_dataset)
 
     # the warm start's key (its recipe, data and code), every field of the GRPO recipe and the

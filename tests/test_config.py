@@ -87,7 +87,25 @@ def test_every_profile_section_field_is_read_somewhere():
                      for p in root.glob(pattern) if p.name != "config.py")
     text += (root / "grpo_course" / "config.py").read_text().split("class Profile:")[1]
     sections = [f for f in dataclasses.fields(Profile) if f.default_factory is not dataclasses.MISSING]
-    assert {s.name for s in sections} == {"data", "rewards", "loop", "trl", "cl", "quant", "prof", "short"}
+    assert {s.name for s in sections} == {"data", "rewards", "loop", "trl", "cl", "quant", "prof", "short",
+                                          "start"}
     unread = [f"{s.name}.{f.name}" for s in sections for f in dataclasses.fields(s.default_factory)
               if not re.search(rf"\.{s.name}\.{f.name}\b", text)]
     assert not unread, unread
+
+
+def test_main_run_is_the_recipe_at_the_reverse_curriculum_start():
+    from grpo_course.config import REVERSE_CURRICULUM, START_BUDGETS
+    assert REVERSE_CURRICULUM["lines_left"] == 1
+    for name, profile in PROFILES.items():
+        run = profile.main_run
+        assert run.lines_left in START_BUDGETS and run.lines_left + 1 in START_BUDGETS, name
+        assert run.dynamic_sampling_reward == "correctness" and not run.mask_truncated_completions
+        assert run.sft_steps == profile.grpo.sft_steps and run.lora_r == profile.grpo.lora_r
+        assert profile.grpo.lines_left is None            # chapters 4-7 train whole problems
+        assert run.generation_batch_size % run.num_generations == 0
+        assert profile.start.pass_k_problems <= min(hi - lo for lo, hi in profile.start.slices)
+    full = PROFILES["full"].start
+    assert all(hi - lo >= 256 for lo, hi in full.slices)  # McNemar on n >= 256 per slice
+    assert full.slices[0][1] <= full.slices[1][0]         # disjoint
+    assert PROFILES["full"].main_run.max_completion_length == START_BUDGETS[1]

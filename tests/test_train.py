@@ -291,3 +291,21 @@ def test_activation_checkpointing_for_a_while_then_as_before():
     with activation_checkpointing(model, True):
         pass
     assert model.is_gradient_checkpointing
+
+
+def test_lines_left_continues_each_prompt_from_its_gold_start():
+    from grpo_course.data import chat_prompt
+    from tests.helpers import ROWS as GSM_ROWS
+    from tests.helpers import tiny_trainer
+    trainer = tiny_trainer(lines_left=2)
+    tok = trainer.tokenizer
+    rows = {"question": ["five lines", "one line"],
+            "solution": [GSM_ROWS[4]["answer"], GSM_ROWS[0]["answer"]]}
+    long_start = "First 2 * 3 = 6 km.\nThen 4 * 2 = 8 km.\nThen 1 km.\n"
+    assert trainer.prompts(rows) == [chat_prompt("five lines", tok) + long_start,
+                                     chat_prompt("one line", tok)]   # too short: starts whole
+    assert trainer.prompts({**rows, "start": ["x\n", ""]})[0] == chat_prompt("five lines", tok) + "x\n"
+    plain = tiny_trainer()
+    assert plain.prompts(rows) == [chat_prompt("five lines", tok), chat_prompt("one line", tok)]
+    with pytest.raises(ConfigError, match="lines_left must be >= 1"):
+        GRPOConfig(lines_left=0)

@@ -60,7 +60,7 @@ def test_chapter_3s_policy_is_used_when_it_was_trained(fake_training):
     profile = get_profile("smoke")
     folder = runs_dir("smoke") / "grpo"
     write_adapter(folder)
-    save_run_config(folder, profile.grpo, "smoke")
+    save_run_config(folder, profile.main_run, "smoke")
     got, how = warmstart.trained_policy(profile, [])
     assert got == folder and "chapter 3's GRPO policy" in how and FakeTrainer.runs == 0
 
@@ -69,10 +69,10 @@ def test_chapter_3s_folder_of_another_recipe_or_cut_short_is_not_used(fake_train
     profile = get_profile("smoke")
     folder = runs_dir("smoke") / "grpo"
     write_adapter(folder)
-    save_run_config(folder, replace(profile.grpo, learning_rate=1.0), "smoke")
+    save_run_config(folder, replace(profile.main_run, learning_rate=1.0), "smoke")
     assert warmstart.trained_policy(profile, [])[0].name == warmstart.POLICY_DIR
     assert "config.yaml differs" in capsys.readouterr().out and FakeTrainer.runs == 1
-    save_run_config(folder, profile.grpo, "smoke")
+    save_run_config(folder, profile.main_run, "smoke")
     truncate(folder / "adapter_model.safetensors")
     assert warmstart.trained_policy(profile, [])[0].name == warmstart.POLICY_DIR
     assert "SafetensorError" in capsys.readouterr().out
