@@ -32,6 +32,7 @@ help:
 	@echo "make assignments - student versions of the seven chapters (no solutions, graded checks) in _build/assignments/"
 	@echo "make bench  - throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json;"
 	@echo "              what whole GRPO recipes teach on held-out problems -> data/recipes.json;"
+	@echo "              where GRPO can learn (pass@k, mixed groups at each start) -> data/headroom.json;"
 	@echo "              each chapter's peak memory and minutes (binder, full) -> grpo_course/measurements/memory.json"
 
 install: $(STAMP)
@@ -150,8 +151,11 @@ bench: model
 	$(BIN)/python bench/throughput.py --sweep
 	$(BIN)/python bench/levers.py
 	# whole recipes, the same minutes each, on held-out test rows 512-1023 and 1024-1318
-	# (chapter 3 tests rows 0-511)
+	# (chapter 3 tests whole problems on rows 0-511)
 	$(BIN)/python bench/recipes.py
+	# the warm start's greedy accuracy, pass@k and mixed groups at each reverse-curriculum start,
+	# on test rows 512-767 and 768-1023: the start chapter 3's main run trains at
+	$(BIN)/python bench/headroom.py
 	# every chapter in a fresh kernel: peak memory and minutes on the binder and full profiles
 	$(BIN)/python bench/memory.py --profiles binder,full
 

@@ -326,6 +326,10 @@ def test_quantize_corrupt_variant_description(tmp_path, capsys):
     ("memory", ["--interval", "0"], ["--interval", "0"]),
     ("memory", ["--out", "{tmp}"], ["--out", "{tmp}"]),
     ("memory", ["--executed", "{tmp}/nowhere"], ["--executed", "{tmp}/nowhere"]),
+    ("headroom", ["--samples", "1"], ["--samples", "1"]),
+    ("headroom", ["--samples", "4", "--group_size", "8"], ["--group_size", "8", "--samples", "4"]),
+    ("headroom", ["--slices", "10:5"], ["--slices", "'10:5'"]),
+    ("headroom", ["--out", "{tmp}"], ["--out", "{tmp}"]),
 ])
 def test_bench_bad_options(script, args, values, tmp_path, capsys):
     fill = lambda s: s.replace("{tmp}", str(tmp_path))   # noqa: E731
