@@ -45,8 +45,10 @@ class ColabError(CourseError, ValueError):
 
 
 # ---------------------------------------------------------------- the published run's values
-def glued_values(executed: dict[str, Any]) -> dict[str, str]:
-    """Every value an executed notebook glued (myst-nb's ``glue``), by name, as its text."""
+def glued_values(executed: dict[str, Any], glue_data: dict[str, Any] | None = None) -> dict[str, str]:
+    """Every value an executed notebook glued (myst-nb's ``glue``), by name, as its text: from
+    ``glue_data`` (the ``<chapter>.glue.json`` that myst-nb 1.x writes beside the executed
+    notebook, leaving no glue outputs in it), then from the executed notebook's outputs."""
     values = {}
     for cell in executed.get("cells", []):
         for out in cell.get("outputs", []):
@@ -55,7 +57,22 @@ def glued_values(executed: dict[str, Any]) -> dict[str, str]:
             text = data.get("application/papermill.record/text/plain", data.get("text/plain"))
             if name is not None and text is not None:
                 values[name] = "".join(text) if isinstance(text, list) else str(text)
+    for name, out in (glue_data or {}).items():
+        text = (out.get("data") or {}).get("text/plain") if isinstance(out, dict) else None
+        if text is not None:
+            values[name] = "".join(text) if isinstance(text, list) else str(text)
     return values
+
+
+def read_glue_file(executed: Path) -> dict[str, Any]:
+    """The ``<chapter>.glue.json`` beside an executed notebook (``{}`` when there is none)."""
+    path = executed.with_name(executed.stem + ".glue.json")
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ColabError(f"{path} is not readable glue data ({exc}): run `make book` again") from None
 
 
 def glossary_ids(glossary_html: str) -> dict[str, str]:
@@ -222,7 +239,8 @@ def write_edition(root: Path, build: Path, notify: Callable[[str], None] = print
         if not executed.is_file():
             raise ColabError(f"{executed} is missing: run `make book` first (the Colab edition "
                              "quotes the values of the book's run)")
-        values = glued_values(json.loads(executed.read_text(encoding="utf-8")))
+        values = glued_values(json.loads(executed.read_text(encoding="utf-8")),
+                              read_glue_file(executed))
         edition = colab_notebook(json.loads(path.read_text(encoding="utf-8")), values, url,
                                  term_ids, cites)
         target = build / "colab" / path.name

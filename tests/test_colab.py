@@ -63,11 +63,25 @@ def test_glued_values_and_glossary_ids_are_read_from_the_build():
         {"output_type": "display_data", "metadata": {"scrapbook": {"name": "acc"}},
          "data": {"application/papermill.record/text/plain": "1.8"}}]}]}
     assert colab.glued_values(executed) == {"acc": "1.8"}
+    # myst-nb 1.x keeps the values in <chapter>.glue.json, and none in the executed notebook
+    glue_json = {"acc": {"output_type": "display_data", "metadata": {"scrapbook": {"name": "acc"}},
+                         "data": {"text/plain": "2.5"}}, "n": {"data": {"text/plain": ["51", "2"]}}}
+    assert colab.glued_values({"cells": []}, glue_json) == {"acc": "2.5", "n": "512"}
     html = ('<dl><dt id="term-Native-bf16">Native bf16<a class="headerlink" href="#x">¶</a></dt>'
             '<dt id="term-AMX">AMX<a class="headerlink" href="#y">¶</a></dt></dl>')
     ids = colab.glossary_ids(html)
     assert ids == {"Native bf16": "term-Native-bf16", "AMX": "term-AMX"}
     assert colab.term_anchor("native  BF16", ids) == "term-Native-bf16"
+
+
+def test_read_glue_file_beside_the_executed_notebook(tmp_path):
+    executed = tmp_path / "01_x.ipynb"
+    assert colab.read_glue_file(executed) == {}
+    (tmp_path / "01_x.glue.json").write_text('{"acc": {"data": {"text/plain": "1.0"}}}')
+    assert colab.glued_values({"cells": []}, colab.read_glue_file(executed)) == {"acc": "1.0"}
+    (tmp_path / "01_x.glue.json").write_text("{not json")
+    with pytest.raises(colab.ColabError, match="01_x.glue.json"):
+        colab.read_glue_file(executed)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
