@@ -314,8 +314,8 @@ class LoopSizes:
     """Chapter 3: your GRPO loop (written out in the notebook),
     run twice from the warm start: as the profile's recipe runs (beta = 0, one update per batch)
     and with a KL term and batch reuse."""
-    steps: int = 10                  # steps of the first run (the profile's beta and mu)
-    kl_steps: int = 5                # steps of the second run (beta > 0, mu > 1)
+    steps: int = 6                   # steps of the first run (the profile's beta and mu)
+    kl_steps: int = 4                # steps of the second run (beta > 0, mu > 1)
     prompts: int = 1                 # prompts per step (G completions each)
     pool: int = 8                    # basic training problems the loop cycles through
     beta: float = 0.04               # the second run's beta (DeepSeekMath's)
@@ -406,8 +406,11 @@ class StartSizes:
     changes: dict[str, Any] = field(default_factory=lambda: dict(REVERSE_CURRICULUM))
     slices: tuple[tuple[int, int], ...] = ((512, 768), (768, 1024))   # test rows [start, end)
     samples: int = 16                    # samples per problem of the pass@k curves (k <= samples)
-    pass_k_problems: int = 32            # first problems of each slice in the pass@k curves
-    transfer_problems: int = 128         # first problems of the first slice at one more line left
+    pass_k_problems: int = 16            # first problems of each slice in the pass@k curves
+    transfer_problems: int = 64          # first problems of the first slice at one more line left
+    whole_problems: int = 256            # first test problems of chapter 3's whole-problem test (the
+                                         # base model's and the warm start's come from chapters 1-2's
+                                         # evaluations of P.eval.n, cached a block at a time)
 
 
 @dataclass(frozen=True)
@@ -489,7 +492,7 @@ PROFILES: dict[str, Profile] = {
         start=StartSizes(changes={**REVERSE_CURRICULUM, "generation_batch_size": 16,
                                   "max_completion_length": 32},
                          slices=((512, 520), (768, 776)), samples=4, pass_k_problems=2,
-                         transfer_problems=4),
+                         transfer_problems=4, whole_problems=8),
         trl=TRLSizes(max_steps=1, eval_n=8, ddp_steps=1),
         cl=CurriculumSizes(steps_per_stage=1, max_completion_length=16, eval_n=2,
                            eval_max_new_tokens=24, fisher_prompts=2, fisher_many_prompts=4,
@@ -554,7 +557,7 @@ def _binder_profile(full: Profile) -> Profile:
         loop=replace(full.loop,
                      changes={**full.loop.changes, "max_completion_length": 64}),
         start=replace(full.start, changes={**full.start.changes, "generation_batch_size": 32},
-                      slices=((512, 640), (768, 896))),
+                      slices=((512, 640), (768, 896)), whole_problems=128),
         trl=replace(full.trl, eval_n=128, ddp_steps=0, dtype="auto", micro_batch=2),
         cl=replace(full.cl, reward_batch=16),
         quant=replace(full.quant, eval_n=48, policy_steps=4),
