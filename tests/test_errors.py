@@ -208,6 +208,19 @@ def test_train_corrupt_adapter_as_model(tiny_folders, folders, tmp_path, capsys,
     one_line(capsys, str(tiny_folders["adapter"]), "SafetensorError")
 
 
+def test_train_cli_runs_the_reverse_curriculum_recipe(train_main, tmp_path, capsys):
+    import yaml
+
+    from grpo_course.config import RECIPES_DIR
+    out = tmp_path / "run"
+    assert train_main([*SMOKE, "--config", str(RECIPES_DIR / "reverse_curriculum.yaml"),
+                       "--generation_batch_size", "8", "--out", str(out)]) == 0
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["lines_left"] == 1 and saved["dynamic_sampling_reward"] == "correctness"
+    assert train_main([*SMOKE, "--lines_left", "0", "--out", str(tmp_path / "bad")]) == 2
+    one_line(capsys, "lines_left must be >= 1")
+
+
 def test_train_corrupt_checkpoint(train_main, tmp_path, capsys):
     out = tmp_path / "run"
     assert train_main([*SMOKE, "--out", str(out)]) == 0
