@@ -106,6 +106,9 @@ book-smoke: browser static
 	$(BIN)/python -c "import yaml,sys; p='$(SMOKE_SRC)/_config.yml'; c=yaml.safe_load(open(p)); c['execute']['execute_notebooks']='off'; yaml.safe_dump(c, open(p,'w'), sort_keys=False)"
 	$(BIN)/jupyter-book build $(SMOKE_SRC) --path-output _build/smoke
 	BOOK_HTML=_build/smoke/_build/html $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_book.py tests/test_jupyterlab.py
+	# the instructor's path on the same build: myst-nb's layout (its .glue.json files) as make book leaves it
+	$(MAKE) --no-print-directory publish BOOK_ROOT=$(SMOKE_SRC) BOOK_BUILD=_build/smoke/_build
+	test "$$(ls _build/smoke/_build/colab/0*.ipynb | wc -l)" -eq "$$(ls notebooks/0*.ipynb | wc -l)"
 
 test: unit nbmake-smoke book-smoke
 
@@ -135,13 +138,16 @@ book-check: model
 # Publishing (an instructor's fork): point the book at the fork once with
 #   python -m grpo_course.publish --repository-url https://github.com/<you>/<fork>
 # then `make book`, then `make publish`, and push with the command it prints.
+# BOOK_ROOT / BOOK_BUILD: the book's sources and its build (make test publishes its smoke book)
+BOOK_ROOT ?= .
+BOOK_BUILD ?= _build
 publish: install
-	@test -f _build/html/index.html || { echo "no built book in _build/html: run make book first"; exit 1; }
-	touch _build/html/.nojekyll        # GitHub Pages: serve _static/ and _images/ as they are
-	# the Colab edition (MyST -> CommonMark, the book run's values): _build/colab/ and the site's colab/
-	$(BIN)/python -m grpo_course.colab --build _build
-	echo "_build/html is ready. Publish it on the gh-pages branch with:"
-	echo "  $(BIN)/ghp-import -n -p -f _build/html"
+	@test -f $(BOOK_BUILD)/html/index.html || { echo "no built book in $(BOOK_BUILD)/html: run make book first"; exit 1; }
+	touch $(BOOK_BUILD)/html/.nojekyll        # GitHub Pages: serve _static/ and _images/ as they are
+	# the Colab edition (MyST -> CommonMark, the book run's values): colab/ beside html/ and in the site
+	$(BIN)/python -m grpo_course.colab --root $(BOOK_ROOT) --build $(BOOK_BUILD)
+	echo "$(BOOK_BUILD)/html is ready. Publish it on the gh-pages branch with:"
+	echo "  $(BIN)/ghp-import -n -p -f $(BOOK_BUILD)/html"
 
 # Student versions for an instructor: solutions removed, stubs kept, checks graded (nbgrader metadata)
 assignments: install
