@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.recipes import parse_slices  # noqa: E402
+from bench.recipes import check_slices_and_out  # noqa: E402
 from grpo_course.config import START_BUDGETS, get_profile  # noqa: E402
 from grpo_course.errors import CourseError, OneLineArgumentParser, report  # noqa: E402
 from grpo_course.hardware import bench_facts  # noqa: E402
@@ -109,12 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"{flag} must be >= {low}; got {value}")
     if a.group_size > a.samples:
         p.error(f"--group_size ({a.group_size}) must be at most --samples ({a.samples})")
-    try:
-        a.slices = parse_slices(a.slices)
-    except ValueError as exc:
-        p.error(str(exc))
-    if Path(a.out).is_dir() or not Path(a.out).parent.is_dir():
-        p.error(f"--out {a.out!r} must name a file in an existing folder")
+    check_slices_and_out(p, a)
     try:
         return _run(a)
     except (CourseError, OSError) as exc:      # data, model, config, a full disk

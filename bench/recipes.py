@@ -121,6 +121,16 @@ def parse_slices(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def check_slices_and_out(parser, a) -> None:
+    """``a.slices`` parsed into row ranges and ``a.out`` checked; a bad one is one line and exit 2."""
+    try:
+        a.slices = parse_slices(a.slices)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if Path(a.out).is_dir() or not Path(a.out).parent.is_dir():
+        parser.error(f"--out {a.out!r} must name a file in an existing folder")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = OneLineArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=8.0, help="GRPO wall time per recipe")
@@ -136,12 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown recipe(s) {unknown}; choose from {', '.join(RECIPES)}")
     if a.minutes <= 0 or a.max_new_tokens <= 0:
         p.error("--minutes and --max_new_tokens must be > 0")
-    try:
-        a.slices = parse_slices(a.slices)
-    except ValueError as exc:
-        p.error(str(exc))
-    if Path(a.out).is_dir() or not Path(a.out).parent.is_dir():
-        p.error(f"--out {a.out!r} must name a file in an existing folder")
+    check_slices_and_out(p, a)
     try:
         return _run(a, names)
     except (CourseError, OSError) as exc:      # data, model, config, a full disk
