@@ -265,7 +265,7 @@ def start_prompt(row: dict[str, Any], tokenizer, system_prompt: str = SYSTEM_PRO
 def start_prompts(rows: dict[str, list], tokenizer, system_prompt: str = SYSTEM_PROMPT) -> list[str]:
     """:func:`start_prompt` of each row of a column batch (``{"question": [...], ...}``)."""
     starts = rows.get("start") or [""] * len(rows["question"])
-    return [chat_prompt(q, tokenizer, system_prompt) + (s or "")
+    return [start_prompt({"question": q, "start": s}, tokenizer, system_prompt)
             for q, s in zip(rows["question"], starts, strict=True)]
 
 
