@@ -59,6 +59,14 @@ def mcnemar_test(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> dict[s
             "p_value": min(1.0, 2 * tail)}
 
 
+def _mean_and_se(values: Sequence[float]) -> tuple[int, float, float]:
+    """``n``, the mean and its standard error (the sample standard deviation over sqrt(n))."""
+    n = len(values)
+    mean = sum(map(float, values)) / n
+    sd = math.sqrt(sum((float(v) - mean) ** 2 for v in values) / (n - 1))
+    return n, mean, sd / math.sqrt(n)
+
+
 def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     """Mean of ``b - a`` over paired problems, its 95 % interval and two-sided p-value (the paired
     t-test: Student's t with n - 1 degrees of freedom, so a handful of problems gets the wide
@@ -66,10 +74,7 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict[str, float
     if len(a) != len(b) or len(a) < 2:
         raise ValueError("a paired difference needs the same problems, at least 2")
     diffs = [float(y) - float(x) for x, y in zip(a, b, strict=False)]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    se = sd / math.sqrt(n)
+    n, mean, se = _mean_and_se(diffs)
     p = t_two_sided_p(mean / se, n - 1) if se > 0 else (1.0 if mean == 0 else 0.0)
     half = t_quantile(n - 1) * se
     return {"n": n, "mean_a": sum(map(float, a)) / n, "mean_b": sum(map(float, b)) / n,
@@ -113,11 +118,9 @@ def mean_interval(values: Sequence[float],
                   bounds: tuple[float, float] = (-math.inf, math.inf)) -> dict[str, float]:
     """Mean of per-problem values with its 95 % interval (Student's t, n - 1 degrees of freedom),
     cut to ``bounds`` (a share's interval stays within 0 and 1)."""
-    n = len(values)
-    if n < 2:
+    if len(values) < 2:
         raise ValueError("a mean's interval needs at least 2 values")
-    mean = sum(map(float, values)) / n
-    sd = math.sqrt(sum((float(v) - mean) ** 2 for v in values) / (n - 1))
-    half = t_quantile(n - 1) * sd / math.sqrt(n)
+    n, mean, se = _mean_and_se(values)
+    half = t_quantile(n - 1) * se
     return {"n": n, "mean": mean, "lo": max(bounds[0], mean - half),
             "hi": min(bounds[1], mean + half)}
