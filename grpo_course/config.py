@@ -339,21 +339,18 @@ class TRLSizes:
 
 @dataclass(frozen=True)
 class CurriculumSizes:
-    """Chapter 5 (curriculum + EWC); GRPO steps use ``grpo`` with these overrides."""
-    steps_per_stage: int = 4                     # GRPO steps per stage (and per swept lambda)
+    """Chapter 5: R3's reverse curriculum (its stages each tested on their own start), a shuffled
+    control and EWC. GRPO steps: :attr:`Profile.curriculum_run`."""
+    steps_per_stage: int = 3                     # GRPO steps per stage
     learning_rate: float = 1e-3                  # a larger step than chapter 3's recipe: short
                                                  # stages must move the policy (the chapter tests it)
     max_completion_length: int = 96             # completion budget while training
-    eval_n: int = 40                             # held-out basic (stage-1) test problems
-    eval_max_new_tokens: int = 96                # greedy budget of those evaluations
+    stage_problems: int = 32                     # training problems (the same at every start)
+    eval_offset: int = 512                       # held-out test problems from this row...
+    eval_n: int = 128                            # ... this many, each stage's task (paired)
+    budgets: tuple[int, ...] = (64, 112, 200)    # greedy budget at each start (1, 2 lines, whole)
     fisher_prompts: int = 8                      # stage-1 problems for the Fisher
-    fisher_many_prompts: int = 16                # ... for the many-sample Fisher it is checked against
-    nll_rows: int = 64                           # held-out stage-1 solutions scored
-    reward_samples: int = 8                      # samples per problem of a stage's own-problem reward
-    reward_batch: int = 32                       # sequences sampled at once for that reward
-    lam: float = 1e4                             # EWC strength of the main run
-    sweep_lams: tuple[float, ...] = (0.0, 1e2, 1e4)   # 0 and lam: the two curriculum runs; the
-                                                      # rest run in the chapter's sweep
+    lam: float = 1e4                             # EWC strength
 
 
 @dataclass(frozen=True)
@@ -451,6 +448,16 @@ class Profile:
     def with_grpo(self, **changes: Any) -> Profile:
         return replace(self, grpo=replace(self.grpo, **changes))
 
+    @property
+    def curriculum_run(self) -> GRPOConfig:
+        """Chapter 5's GRPO steps: the short steps of :meth:`short_run` with the main run's
+        rewards and filter (each stage's rows carry their own start), chapter 5's completion
+        budget and learning rate, from the warm start (no new SFT)."""
+        own = {k: v for k, v in self.start.changes.items()
+               if k not in ("lines_left", "generation_batch_size", "max_completion_length")}
+        return self.short_run(**own, max_completion_length=self.cl.max_completion_length,
+                              sft_steps=0, learning_rate=self.cl.learning_rate)
+
     def short_run(self, **changes: Any) -> GRPOConfig:
         """Chapter 3's recipe (levers, rewards, warm start) with the smaller steps of chapters
         4 and 5 (G, completions per step, updates per batch, a sampling round of one step's
@@ -494,9 +501,8 @@ PROFILES: dict[str, Profile] = {
                          slices=((512, 520), (768, 776)), samples=4, pass_k_problems=2,
                          transfer_problems=4, whole_problems=8),
         trl=TRLSizes(max_steps=1, eval_n=8, ddp_steps=1),
-        cl=CurriculumSizes(steps_per_stage=1, max_completion_length=16, eval_n=2,
-                           eval_max_new_tokens=24, fisher_prompts=2, fisher_many_prompts=4,
-                           nll_rows=4, reward_samples=2, sweep_lams=(0.0, 1e2, 1e4)),
+        cl=CurriculumSizes(steps_per_stage=1, max_completion_length=16, stage_problems=4, eval_n=4,
+                           budgets=(16, 16, 24), fisher_prompts=2),
         quant=QuantSizes(agreement_prompts=2, torchao_prompts=1, last_k=8, batch_sizes=(1,),
                          decode_tokens=6, torchao_batch_sizes=(1,), torchao_decode_tokens=2,
                          eval_n=4, policy_steps=1),
@@ -559,7 +565,6 @@ def _binder_profile(full: Profile) -> Profile:
         start=replace(full.start, changes={**full.start.changes, "generation_batch_size": 32},
                       slices=((512, 640), (768, 896)), whole_problems=128),
         trl=replace(full.trl, eval_n=128, ddp_steps=0, dtype="auto", micro_batch=2),
-        cl=replace(full.cl, reward_batch=16),
         quant=replace(full.quant, eval_n=48, policy_steps=4),
         prof=replace(full.prof, copy_mib=128, full_finetune=False, logits_completions=2,
                      trace_step={"num_generations": 2, "per_step_completions": 2,

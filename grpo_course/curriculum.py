@@ -3,8 +3,10 @@
 1. :func:`curriculum_stages` splits a data set into three disjoint stages that cover it,
    one per difficulty stratum, ordered by step count (basic -> intermediate -> advanced)
    or, with :func:`order_by_pass_rate`, by a pass rate measured on the current model
-   (:func:`measure_pass_rates`). :func:`shuffled_stages` is the non-curriculum baseline:
-   the same rows and stage sizes (equal compute), in random order.
+   (:func:`measure_pass_rates`). :func:`reverse_stages` is R3's reverse curriculum: the same
+   problems with the gold start sliding back (one line left, two, the whole problem).
+   :func:`shuffled_stages` is the non-curriculum baseline: the same rows and stage sizes
+   (equal compute), in random order. :func:`accuracy_change` tests a stage on its own task.
 2. :func:`fisher_diagonal` estimates the diagonal Fisher information of the policy,
    ``F_i = mean_n (d/d theta_i log p(y_n | x_n))^2``, from completions ``y_n`` (sampled from
    the policy or GSM8K's reference solutions), over the trainable parameters.
@@ -29,12 +31,20 @@ from tqdm.auto import tqdm
 
 from .answers import answers_match
 from .atomic import atomic_write
-from .data import STRATA, chat_prompt, extract_hash_answer, sft_text
+from .data import (
+    STRATA,
+    chat_prompt,
+    extract_hash_answer,
+    gold_starts,
+    sft_text,
+    start_prompt,
+    work_lines,
+)
 from .errors import CourseError
 from .grpo import per_token_logps, uses_activation_checkpointing
 from .runs import write_run
 from .sampling import sample_completions
-from .stats import mcnemar_test
+from .stats import mcnemar_test, paired_difference
 from .train import CourseTrainer
 
 EWC_FILE = "ewc.safetensors"
@@ -90,6 +100,56 @@ def take(stages: Sequence[Stage], n: int | Sequence[int], seed: int | None = Non
             random.Random(seed).shuffle(idx)
         out.append(Stage(stage.name, stage.strata, stage.dataset.select(sorted(idx[:size]))))
     return out
+
+
+#: R3's reverse curriculum: the work lines left to the model at each stage (``None``: whole problem)
+REVERSE_STARTS: tuple[int | None, ...] = (1, 2, None)
+
+
+def start_name(lines_left: int | None) -> str:
+    """How a start reads in tables: ``"1 line left"``, ``"2 lines left"``, ``"whole problem"``."""
+    if lines_left is None:
+        return "whole problem"
+    return f"{lines_left} line{'s' if lines_left != 1 else ''} left"
+
+
+def reverse_stages(dataset, n: int, starts: Sequence[int | None] = REVERSE_STARTS,
+                   seed: int = 0) -> list[Stage]:
+    """R3's reverse curriculum (Xi et al. 2024): ``n`` problems of ``dataset``, drawn at random
+    with ``seed`` among those with more work lines than the largest start (so no two stages give
+    the same start), posed at each start in turn; each stage's rows carry their ``start`` and
+    ``lines_left`` columns (:func:`~grpo_course.data.gold_starts`), which the trainer uses."""
+    if not starts or any(k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1)
+                         for k in starts):
+        raise CurriculumError(f"starts must be whole numbers >= 1 or None, got {tuple(starts)}")
+    deepest = max((k for k in starts if k is not None), default=0)
+    eligible = [i for i, s in enumerate(dataset["solution"]) if len(work_lines(s)) > deepest]
+    if n < 1 or n > len(eligible):
+        raise CurriculumError(f"need 1 to {len(eligible)} problems with more than {deepest} work "
+                              f"lines, got n = {n}")
+    random.Random(seed).shuffle(eligible)
+    problems = dataset.select(sorted(eligible[:n]))
+    out = []
+    for k, left in enumerate(starts, start=1):
+        rows = gold_starts(problems, left)
+        out.append(Stage(f"stage {k}: {start_name(left)}", tuple(sorted(set(rows["difficulty"]))), rows))
+    return out
+
+
+def accuracy_change(before, after) -> dict[str, Any]:
+    """A paired test of two greedy evaluations of the same problems (``before`` then
+    ``after``, :class:`~grpo_course.evaluate.EvalResult`): both accuracies, the change in
+    points with its 95 % interval, the problems lost and gained, and McNemar's exact p."""
+    a = {r["idx"]: bool(r["correct"]) for r in before.records}
+    b = {r["idx"]: bool(r["correct"]) for r in after.records}
+    if set(a) != set(b) or len(a) < 2:
+        raise CurriculumError("the two evaluations do not hold the same problems (at least 2)")
+    keys = sorted(a)
+    test = mcnemar_test([a[i] for i in keys], [b[i] for i in keys])
+    diff = paired_difference([a[i] for i in keys], [b[i] for i in keys])
+    return {"n": len(keys), "before": 100 * diff["mean_a"], "after": 100 * diff["mean_b"],
+            "change": 100 * diff["difference"], "lo": 100 * diff["lo"], "hi": 100 * diff["hi"],
+            "lost": test["a_only"], "gained": test["b_only"], "p_value": test["p_value"]}
 
 
 def shuffled_stages(stages: Sequence[Stage], seed: int = 0) -> list[Stage]:
@@ -270,16 +330,17 @@ def fisher_agreement(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor
 
 def sampled_batches(model, tokenizer, rows, batch_size: int = 8, max_new_tokens: int = 128,
                     temperature: float = 1.0, seed: int = 0, sampling_dtype=None):
-    """Completions sampled from the policy for ``rows`` (one per problem), as Fisher batches
-    (the *true* Fisher: expectations under the model's own distribution). ``sampling_dtype``
+    """Completions sampled from the policy for ``rows`` (one per problem, continuing its ``start``
+    where a row has one), as Fisher batches (the *true* Fisher: expectations under the model's
+    own distribution). ``sampling_dtype``
     as in :func:`grpo_course.sampling.sample_completions` (``"auto"``: the trainer's sampler,
     bf16 weights where the CPU has bf16; ``None``: the model's own precision)."""
 
     rows = list(rows)
     for lo in range(0, len(rows), batch_size):
         chunk = rows[lo:lo + batch_size]
-        b = sample_completions(model, tokenizer, [chat_prompt(r["question"], tokenizer)
-                                                  for r in chunk], num_generations=1,
+        b = sample_completions(model, tokenizer, [start_prompt(r, tokenizer) for r in chunk],
+                               num_generations=1,
                                max_new_tokens=max_new_tokens, temperature=temperature,
                                seed=seed + lo, sampling_dtype=sampling_dtype)
         yield {"prompt_ids": b.prompt_ids, "prompt_mask": b.prompt_mask,

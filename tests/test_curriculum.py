@@ -9,6 +9,7 @@ import torch
 from grpo_course.curriculum import (
     EWC,
     CurriculumError,
+    accuracy_change,
     completion_log_likelihood,
     curriculum_stages,
     ewc_penalty,
@@ -16,10 +17,13 @@ from grpo_course.curriculum import (
     fisher_diagonal,
     order_by_pass_rate,
     reference_batches,
+    reverse_stages,
     shuffled_stages,
+    start_name,
     take,
 )
 from grpo_course.data import STRATA, load_gsm8k
+from grpo_course.evaluate import EvalResult
 from tests import helpers
 
 
@@ -54,6 +58,49 @@ def test_stages_on_real_gsm8k(real_gsm8k_dir):
         sorted(i for s in small for i in s.dataset["idx"])
     assert len({i for s in shuffled for i in s.dataset["idx"]}) == 60
     assert set(shuffled[0].dataset["difficulty"]) != {"basic"}
+
+
+def test_reverse_stages_slide_the_start_back_on_the_same_problems(real_gsm8k_dir):
+    data = load_gsm8k("train", data_dir=real_gsm8k_dir, limit=200)
+    stages = reverse_stages(data, 12, seed=3)
+    assert [s.name for s in stages] == ["stage 1: 1 line left", "stage 2: 2 lines left",
+                                        "stage 3: whole problem"]
+    ids = [list(s.dataset["idx"]) for s in stages]
+    assert ids[0] == ids[1] == ids[2] and len(ids[0]) == 12       # the same problems each stage
+    one, two, whole = (list(s.dataset) for s in stages)
+    for a, b, c in zip(one, two, whole, strict=True):
+        assert a["lines_left"] == 1 and b["lines_left"] == 2 and c["start"] == ""
+        assert c["lines_left"] > 2          # a whole problem's lines_left: all its work lines
+        # the start slides back: stage 1 is given one more gold line than stage 2
+        assert a["start"].startswith(b["start"]) and a["start"].count("\n") == b["start"].count("\n") + 1
+        assert b["start"]            # more than two work lines: stage 2 is not the whole problem
+    assert list(reverse_stages(data, 12, seed=3)[0].dataset["idx"]) == ids[0]    # seeded
+    shuffled = shuffled_stages(stages, seed=0)                # the control keeps each row's start
+    def pairs(plan):
+        return sorted((r["idx"], r["lines_left"]) for s in plan for r in s.dataset)
+    assert pairs(shuffled) == pairs(stages)
+    with pytest.raises(CurriculumError, match="n = 0"):
+        reverse_stages(data, 0)
+    with pytest.raises(CurriculumError, match="starts"):
+        reverse_stages(data, 3, starts=(0, None))
+    assert start_name(1) == "1 line left" and start_name(None) == "whole problem"
+
+
+def _result(correct):
+    return EvalResult.from_records([{"idx": i, "correct": c, "formatted": True, "difficulty": "basic"}
+                                    for i, c in enumerate(correct)])
+
+
+def test_accuracy_change_is_paired():
+    before = _result([True, True, False, False, False, False])
+    after = _result([True, False, True, True, False, False])
+    d = accuracy_change(before, after)
+    assert (d["n"], d["lost"], d["gained"]) == (6, 1, 2)
+    assert d["before"] == pytest.approx(100 * 2 / 6) and d["after"] == pytest.approx(50)
+    assert d["change"] == pytest.approx(100 / 6) and d["lo"] < d["change"] < d["hi"]
+    assert d["p_value"] == pytest.approx(1.0)            # 1 lost vs 2 gained: no evidence
+    with pytest.raises(CurriculumError, match="same problems"):
+        accuracy_change(before, _result([True] * 5))
 
 
 def test_order_by_pass_rate_easiest_first_ties_keep_step_order():
