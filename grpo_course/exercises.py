@@ -5,16 +5,24 @@ function (the reference) and cases from one of the ``*_cases`` generators below,
 mixes random cases with the edge cases (tied groups, G = 1, padded rows, empty input). The
 reference's answers are computed first; while the student's function runs, the reference is
 switched off (:func:`reference_hidden`: calling it, by any name, raises), so a function that just
-calls the course's cannot pass. The check prints one line: passed, not written yet (the stub still
-raises ``NotImplementedError``), or the first case that fails with its inputs, what came back and
-the value expected - never code - so the notebook runs top to bottom before the exercise is done.
+calls the course's cannot pass. The calls are traced as well
+(:class:`CallWatch`, a ``sys.setprofile`` hook): a candidate that calls any function of the
+``grpo_course`` package at any depth (other than the ones an exercise allows) or a library function
+that does the exercise's work (``forbid``, e.g. :data:`TORCH_QUANTIZERS`) fails, with a line naming
+it. The check prints one line: passed, not written yet (the stub still raises
+``NotImplementedError``), or the first case that fails with its inputs, what came back, the value
+expected and where the two first differ - never code - so the notebook runs top to bottom before
+the exercise is done.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
-from collections.abc import Callable, Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from types import CodeType, FrameType
 from typing import Any
 
 import torch
@@ -55,6 +63,53 @@ def _short(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _at(value: Any, index: tuple[int, ...]) -> str:
+    return f"{value[index].item():.6g}" if value.dim() else f"{value.item():.6g}"
+
+
+def _difference(got: Any, expected: Any, atol: float = 1e-5, rtol: float = 1e-4) -> str | None:
+    """Where ``got`` first differs from ``expected`` (as :func:`_same` compares them): the index of
+    a tensor or a list, the key of a dict; None when they agree or there is nothing to point at."""
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"returned a {type(got).__name__}, expected a tensor of shape {tuple(expected.shape)}"
+        if got.shape != expected.shape:
+            return f"shapes differ: returned {tuple(got.shape)}, expected {tuple(expected.shape)}"
+        close = torch.isclose(got.float(), expected.float(), atol=atol, rtol=rtol)
+        if bool(close.all()):
+            return None
+        index = tuple(int(i) for i in (~close).nonzero()[0]) if close.dim() else ()
+        where = f"index {index[0] if len(index) == 1 else index}" if index else "the value"
+        return (f"first difference at {where}: returned {_at(got, index)}, expected "
+                f"{_at(expected, index)} (shapes {tuple(got.shape)} and {tuple(expected.shape)}, "
+                f"tolerance atol={atol:g}, rtol={rtol:g})")
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)):
+            return f"returned a {type(got).__name__}, expected a {type(expected).__name__}"
+        if len(got) != len(expected):
+            return f"lengths differ: returned {len(got)} items, expected {len(expected)}"
+        for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+            if not _same(g, e, atol, rtol):
+                inner = _difference(g, e, atol, rtol)
+                return (f"at item {i}: {inner}" if inner and isinstance(e, (torch.Tensor, list, tuple, dict))
+                        else f"first difference at index {i}: returned {_short(g, 60)}, expected "
+                             f"{_short(e, 60)} (length {len(expected)}, tolerance atol={atol:g}, "
+                             f"rtol={rtol:g})")
+        return None
+    if isinstance(expected, dict):
+        if not isinstance(got, dict):
+            return f"returned a {type(got).__name__}, expected a dict"
+        if set(got) != set(expected):
+            missing, extra = sorted(map(str, set(expected) - set(got))), sorted(map(str, set(got) - set(expected)))
+            return f"keys differ: missing {missing}, unexpected {extra}"
+        for key, e in expected.items():
+            if not _same(got[key], e, atol, rtol):
+                inner = _difference(got[key], e, atol, rtol)
+                return f"first difference at key {key!r}: " + (
+                    inner or f"returned {_short(got[key], 60)}, expected {_short(e, 60)}")
+    return None
+
+
 class ReferenceHidden(RuntimeError):
     """The exercise's reference was called while the student's function ran."""
 
@@ -83,38 +138,134 @@ def reference_hidden(*functions: Callable) -> Iterator[None]:
             fn.__code__ = code
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+#: torch functions that quantize for you: chapter 6's exercises forbid them
+TORCH_QUANTIZERS = ("torch.fake_quantize_per_channel_affine", "torch.fake_quantize_per_tensor_affine",
+                    "torch.quantize_per_channel", "torch.quantize_per_tensor",
+                    "torch.quantize_per_tensor_dynamic", "torch.fused_moving_avg_obs_fake_quant",
+                    "torch.ao.quantization.fake_quantize", "torch.ao.quantization.observer")
+
+
+def _short_name(fn: Callable | str) -> str:
+    return fn.rsplit(".", 1)[-1] if isinstance(fn, str) else getattr(fn, "__name__", repr(fn))
+
+
+def _dotted(fn: Callable) -> str:
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{_short_name(fn)}" if module else _short_name(fn)
+
+
+class CallWatch:
+    """A ``sys.setprofile`` hook that records the first call the candidate must not make: into the
+    ``grpo_course`` package (any depth, except inside the ``allow``ed functions), of the hidden
+    reference, or of a ``forbid``den library function (C builtins arrive as ``c_call`` events;
+    ``torch.ops`` calls, and Python functions of a forbidden module prefix, as ``call`` events)."""
+
+    def __init__(self, allow: Iterable[Callable] = (), forbid: Iterable[Callable | str] = ()) -> None:
+        self.allowed: set[CodeType] = {f.__code__ for f in allow if hasattr(f, "__code__")}
+        self.forbidden = {_short_name(f): f if isinstance(f, str) else _dotted(f) for f in forbid}
+        self.inside: FrameType | None = None          # an allowed call in progress: not watched
+        self.found: str | None = None                 # what was called, for the message
+        self.reference = False                        # the hidden reference itself was called
+
+    def _flag(self, what: str) -> None:
+        if self.found is None:
+            self.found = what
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        if self.found is not None:
+            return
+        if self.inside is not None:
+            if event == "return" and frame is self.inside:
+                self.inside = None
+            return
+        if event == "c_call":
+            name = getattr(arg, "__name__", None)
+            if name in self.forbidden:
+                self._flag(self.forbidden[name])
+            elif arg is sys.setprofile and frame.f_code is not _watched.__code__:
+                self._flag("sys.setprofile")          # switching the watch off
+            return
+        if event != "call":
+            return
+        code = frame.f_code
+        if code in self.allowed:
+            self.inside = frame
+        elif code is _blocked.__code__:
+            self.reference = True
+            self._flag("the course's version")
+        elif code.co_filename.startswith(_PACKAGE):
+            self._flag(f"{frame.f_globals.get('__name__', 'grpo_course')}.{code.co_qualname}")
+        elif self.forbidden:
+            module = str(frame.f_globals.get("__name__", ""))
+            if module == "torch._ops" and code.co_name == "__call__":
+                op = getattr(frame.f_locals.get("self"), "__name__", "")
+                if op.split(".")[0] in self.forbidden:
+                    self._flag(self.forbidden[op.split(".")[0]])
+            elif any(module.startswith(f) for f in self.forbidden.values()):
+                self._flag(module)
+
+
+def _watched(watch: CallWatch, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` with ``watch`` as the profiler; the previous one is put back, also on
+    errors (nothing of this package runs in between, so nothing of it is seen)."""
+    previous = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        sys.setprofile(previous)
+
+
 def check(candidate: Callable, reference: Callable, cases: Sequence[Case],
           name: str | None = None, compare: Callable[[Any, Any], bool] = _same,
-          hide: Sequence[Callable] = ()) -> bool | None:
+          hide: Sequence[Callable] = (), allow: Sequence[Callable] = (),
+          forbid: Sequence[Callable | str] = ()) -> bool | None:
     """Run ``candidate`` on every case ``(args, kwargs)`` against ``reference``'s answer and print
     one line. ``reference`` and the helpers in ``hide`` (course functions that would do the
-    exercise's work) are switched off while ``candidate`` runs.
+    exercise's work) are switched off while ``candidate`` runs, and its calls are traced: calling
+    into ``grpo_course`` (except the functions in ``allow`` and what they call) or any of
+    ``forbid`` (callables or dotted names, e.g. :data:`TORCH_QUANTIZERS`) fails the case.
 
-    Returns True when every case agrees, False at the first disagreement, exception or call of
-    the reference, and None while the candidate still raises ``NotImplementedError``."""
+    Returns True when every case agrees, False at the first disagreement, exception or forbidden
+    call, and None while the candidate still raises ``NotImplementedError``."""
     name = name or getattr(candidate, "__name__", "your function")
     expected_all = [reference(*args, **kwargs) for args, kwargs in cases]
+    hidden_names = ", ".join(f"`{_short_name(f)}`" for f in (reference, *hide))
     with reference_hidden(reference, *hide):
         for k, ((args, kwargs), expected) in enumerate(zip(cases, expected_all, strict=False), 1):
+            watch = CallWatch(allow, forbid)
+            error: Exception | None = None
             try:
-                got = candidate(*args, **kwargs)
-            except NotImplementedError:
+                got = _watched(watch, candidate, args, kwargs)
+            except Exception as err:  # noqa: BLE001 - the student sees the error, not a traceback
+                error = err
+            if watch.reference or isinstance(error, ReferenceHidden):
+                print(f"{name}: it calls the course's version ({hidden_names}), the work this "
+                      f"exercise asks you to write - compute the result yourself")
+                return False
+            if watch.found is not None:
+                where = ("from the course's package" if watch.found.startswith("grpo_course")
+                         else "which switches the check's call tracing off"
+                         if watch.found == "sys.setprofile"
+                         else "a library function that does this exercise's work")
+                print(f"{name}: case {k} calls `{watch.found}`, {where} - write the exercise "
+                      f"without it")
+                return False
+            if isinstance(error, NotImplementedError):
                 print(f"{name}: not written yet - replace `raise NotImplementedError` and run the "
                       f"check again")
                 return None
-            except ReferenceHidden:
-                names = ", ".join(f"`{f.__name__}`" for f in (reference, *hide))
-                print(f"{name}: it calls the course's version ({names}), the work this exercise "
-                      f"asks you to write - compute the result yourself")
-                return False
-            except Exception as err:  # noqa: BLE001 - the student sees the error, not a traceback
-                print(f"{name}: case {k} raised {type(err).__name__}: {err}\n  inputs: "
+            if error is not None:
+                print(f"{name}: case {k} raised {type(error).__name__}: {error}\n  inputs: "
                       f"{_short(args)} {_short(kwargs) if kwargs else ''}")
                 return False
             if not compare(got, expected):
+                where = _difference(got, expected) if compare is _same else None
                 print(f"{name}: case {k} of {len(cases)} differs\n  inputs:   {_short(args)} "
                       f"{_short(kwargs) if kwargs else ''}\n  returned: {_short(got)}\n"
-                      f"  expected: {_short(expected)}")
+                      f"  expected: {_short(expected)}" + (f"\n  where:    {where}" if where else ""))
                 return False
     print(f"{name}: all {len(cases)} cases pass")
     return True

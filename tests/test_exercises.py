@@ -159,17 +159,20 @@ def test_second_exercises_pass_a_written_out_solution_and_cover_their_edges():
                        else 0.5 if 0.8 <= ratio <= 1.2 else -0.5)
         return out
     from grpo_course.rewards import answer_tier
+    allowed = [extract_hash_answer, completion_text]
     assert ex.check(my_correctness, correctness, ex.tiered_completion_cases(),
-                    hide=[answer_tier]) is True
+                    hide=[answer_tier], allow=allowed) is True
     cheat = lambda completions, answer, **kw: [answer_tier(extract_hash_answer(completion_text(c)), g)
                                                for c, g in zip(completions, answer, strict=False)]
-    assert ex.check(cheat, correctness, ex.tiered_completion_cases(), hide=[answer_tier]) is False
+    assert ex.check(cheat, correctness, ex.tiered_completion_cases(), hide=[answer_tier],
+                    allow=allowed) is False
 
     def my_exact(completions, answer, **kwargs):              # chapter 4
         return [1.0 if extract_hash_answer(m[0]["content"]) is not None
                 and float(extract_hash_answer(m[0]["content"])) == float(g) else 0.0
                 for m, g in zip(completions, answer, strict=False)]
-    assert ex.check(my_exact, ex.exact_answer_reward, ex.conversational_cases()) is True
+    assert ex.check(my_exact, ex.exact_answer_reward, ex.conversational_cases(),
+                    allow=[extract_hash_answer]) is True
 
 
 def test_fake_quant_is_the_quantize_dequantize_round_trip():
@@ -177,3 +180,129 @@ def test_fake_quant_is_the_quantize_dequantize_round_trip():
         q, scale = ex.quantize_per_channel(w)
         assert q.dtype == torch.int8 and q.abs().max() <= 127
         assert torch.equal(ex.fake_quant_per_channel(w), q.float() * scale)
+
+
+# ------------------------------------------------ routes a level down (issue 56)
+def test_calling_into_the_package_a_level_down_fails(capsys):
+    from grpo_course.answers import extract_answer, normalize_number
+    from grpo_course.grpo import group_advantages
+    from grpo_course.profiling import Limits, RooflinePoint
+
+    # chapter 1, exercise 1: the reference is switched off, the function it calls is not
+    assert ex.check(lambda text: extract_answer(text), extract_hash_answer, ex.answer_cases(),
+                    name="final_answer", allow=[normalize_number]) is False
+    out = capsys.readouterr().out
+    assert "calls `grpo_course.answers.extract_answer`, from the course's package" in out
+    assert out.count("\n") == 1
+    # chapter 4, exercise 1: tied groups are the groups whose advantages are all 0
+    def via_advantages(r, G):
+        return float((group_advantages(r, G).view(-1, G) == 0).all(1).float().mean()) if r.numel() else 0.0
+    assert ex.check(via_advantages, ex.frac_reward_zero_std, ex.reward_group_cases(),
+                    hide=[zero_std_groups]) is False
+    assert "calls `grpo_course.grpo.group_advantages`" in capsys.readouterr().out
+    # chapter 7, exercise 1: the course's roofline class
+    def via_roofline(i, p, b):
+        return RooflinePoint("x", flops=i, bytes=1.0, seconds=1e-9).bound(Limits(gflops=p, bandwidth=b))
+    assert ex.check(via_roofline, ex.roofline_bound, ex.roofline_cases()) is False
+    assert "calls `grpo_course.profiling." in capsys.readouterr().out
+
+
+def test_a_forbidden_library_function_fails_by_name(capsys):
+    def via_torch(W):                                  # chapter 6, exercise 1: torch does the work
+        scale = W.abs().amax(1)
+        scale = torch.where(scale > 0, scale / 127, torch.ones_like(scale))
+        return torch.fake_quantize_per_channel_affine(W, scale, torch.zeros(len(scale), dtype=torch.int32),
+                                                      0, -127, 127)
+    cases = ex.int8_weight_cases()
+    assert ex.check(via_torch, ex.fake_quant_per_channel, cases) is True      # right, and not forbidden
+    capsys.readouterr()
+    assert ex.check(via_torch, ex.fake_quant_per_channel, cases, forbid=ex.TORCH_QUANTIZERS) is False
+    out = capsys.readouterr().out
+    assert "calls `torch.fake_quantize_per_channel_affine`, a library function" in out
+    assert ex.check(via_torch, ex.fake_quant_per_channel, cases,
+                    forbid=[torch.fake_quantize_per_channel_affine]) is False     # or as a function
+    assert "calls `torch.fake_quantize_per_channel_affine`" in capsys.readouterr().out
+    def via_ops(W):                                    # the same op through the dispatcher's name
+        scale = W.abs().amax(1)
+        scale = torch.where(scale > 0, scale / 127, torch.ones_like(scale))
+        return torch.ops.aten.fake_quantize_per_channel_affine.default(
+            W, scale, torch.zeros(len(scale), dtype=torch.int32), 0, -127, 127)
+    assert ex.check(via_ops, ex.fake_quant_per_channel, cases, forbid=ex.TORCH_QUANTIZERS) is False
+    assert "`torch.fake_quantize_per_channel_affine`" in capsys.readouterr().out
+
+
+def test_a_caught_error_does_not_hide_the_call_and_the_profiler_is_put_back(capsys):
+    import sys
+
+    from grpo_course.grpo import group_advantages
+
+    def swallows(r, G):
+        try:
+            return group_advantages(r, G)
+        except Exception:  # noqa: BLE001
+            return written_out(r, G)
+    def marker(frame, event, arg):
+        return None
+    sys.setprofile(marker)
+    try:
+        assert ex.check(swallows, group_advantages, ex.reward_group_cases()) is False
+        assert sys.getprofile() is marker
+        def crashes(r, G):
+            raise KeyError("oops")
+        assert ex.check(crashes, group_advantages, ex.reward_group_cases()) is False
+        assert sys.getprofile() is marker
+    finally:
+        sys.setprofile(None)
+    assert "calls the course's version (`group_advantages`)" in capsys.readouterr().out
+
+
+def test_switching_the_tracing_off_fails(capsys):
+    import sys
+
+    from grpo_course.grpo import group_advantages
+
+    def unwatched(r, G):                               # then a level down, unseen
+        sys.setprofile(None)
+        return float((group_advantages(r, G).view(-1, G) == 0).all(1).float().mean()) if r.numel() else 0.0
+    assert ex.check(unwatched, ex.frac_reward_zero_std, ex.reward_group_cases()) is False
+    assert "calls `sys.setprofile`, which switches the check's call tracing off" in capsys.readouterr().out
+    assert sys.getprofile() is None
+
+
+def test_allowed_functions_may_call_into_the_package(capsys):
+    from grpo_course.answers import normalize_number
+
+    def final_answer(text):                             # chapter 1's solution
+        answers = [line.split("####", 1)[1] for line in (text or "").splitlines() if "####" in line]
+        return normalize_number(answers[-1]) if answers else None
+    assert ex.check(final_answer, extract_hash_answer, ex.answer_cases()) is False
+    assert "calls `grpo_course.answers.normalize_number`" in capsys.readouterr().out
+    assert ex.check(final_answer, extract_hash_answer, ex.answer_cases(), allow=[normalize_number]) is True
+
+
+# ------------------------------------------------ where a failure differs (issue 56)
+def test_a_failure_points_at_the_first_differing_position(capsys):
+    def biased(r, G):                                   # the population std instead of the sample std
+        g = r.view(-1, G)
+        return ((g - g.mean(1, keepdim=True)) / (g.std(1, unbiased=False, keepdim=True) + 1e-4)).view(-1)
+    cases = ex.reward_group_cases()
+    assert ex.check(biased, group_advantages, cases, name="biased") is False
+    out = capsys.readouterr().out
+    where = next(line for line in out.splitlines() if line.strip().startswith("where:"))
+    k = int(out.split("case ")[1].split()[0])
+    (rewards, G), _ = cases[k - 1]
+    got, expected = biased(rewards, G), group_advantages(rewards, G)
+    i = int((~torch.isclose(got, expected, atol=1e-5, rtol=1e-4)).nonzero()[0])
+    assert f"first difference at index {i}: returned {got[i].item():.6g}, expected {expected[i].item():.6g}" in where
+    assert f"shapes {tuple(expected.shape)} and {tuple(expected.shape)}" in where and "tolerance" in where
+
+
+def test_difference_names_the_shape_the_list_index_and_the_dict_key():
+    assert ex._difference(torch.zeros(3), torch.zeros(4)) == "shapes differ: returned (3,), expected (4,)"
+    assert "index (1, 0)" in ex._difference(torch.tensor([[1.0], [2.0]]), torch.tensor([[1.0], [3.0]]))
+    assert ex._difference([1.0, 0.0, 1.0], [1.0, 0.0, 0.0]).startswith("first difference at index 2: returned 1.0, expected 0.0")
+    assert ex._difference([1.0], [1.0, 0.0]) == "lengths differ: returned 1 items, expected 2"
+    diff = ex._difference({"a": torch.ones(2), "b": torch.ones(2)}, {"a": torch.ones(2), "b": torch.tensor([1.0, 5.0])})
+    assert diff.startswith("first difference at key 'b': first difference at index 1: returned 1, expected 5")
+    assert ex._difference({"a": 1}, {"b": 1}) == "keys differ: missing ['b'], unexpected ['a']"
+    assert ex._difference(torch.ones(2), torch.ones(2)) is None

@@ -2,8 +2,9 @@
 
 Each exercise is three cells and a closed solution (``tags``: ``exercise``, ``check``,
 ``solution``). For every one: the stub is "not written yet", the chapter's own solution passes
-its check, and a function that just calls the course's version fails it. No exercise's reference
-is shown (``inspect.getsource``, ``??``) above it.
+its check, and a function that just calls the course's version - or any other function of the
+package, or a library function that does the work - fails it. No exercise's reference is shown
+(``inspect.getsource``, ``??``) above it.
 """
 from __future__ import annotations
 
@@ -102,3 +103,25 @@ def test_no_reference_is_printed_above_its_exercise(ex):
             if "getsource" in line or re.search(r"\?\?\s*$", line):   # the code, not a result
                 assert not any(re.search(rf"\b{n}\b", line) for n in names), \
                     f"{ex['notebook']}: {line.strip()!r} shows the reference above its exercise"
+
+
+@pytest.mark.parametrize("ex", ALL, ids=IDS)
+def test_a_call_into_the_package_a_level_down_fails(ex):
+    candidate = ast.unparse(_check_call(ex["check"]).args[0])
+    route = (f"def {candidate}(*a, **k):\n    from grpo_course.answers import answer_slot\n"
+             f"    answer_slot('#### 1')\n    raise ValueError('after the call')\n")
+    out = _run(ex["stub"], route, ex["check"])
+    assert "calls `grpo_course.answers.answer_slot`, from the course's package" in out, out
+
+
+def test_chapter_6_checks_fail_torch_quantizing_for_you():
+    int8 = [ex for ex in ALL if ex["notebook"].startswith("06")]
+    assert len(int8) >= 2
+    for ex in int8:
+        candidate = ast.unparse(_check_call(ex["check"]).args[0])
+        route = (f"def {candidate}(W):\n    s = W.abs().amax(1)\n"
+                 f"    s = torch.where(s > 0, s / 127, torch.ones_like(s))\n"
+                 f"    return torch.fake_quantize_per_channel_affine(\n"
+                 f"        W, s, torch.zeros(len(s), dtype=torch.int32), 0, -127, 127)\n")
+        out = _run(ex["stub"], route, ex["check"])
+        assert "calls `torch.fake_quantize_per_channel_affine`, a library function" in out, out
