@@ -21,11 +21,12 @@ NBMAKE_TIMEOUT ?= 1800
 # A kernel started with MPLBACKEND=Agg shows no figures (plt.show() draws nothing into the page).
 unexport MPLBACKEND
 
-.PHONY: help install model static lint unit nbmake-smoke browser book-smoke test check-steps book book-check publish assignments bench clean
+.PHONY: help install model static lint unit nbmake-smoke browser book-smoke check-install test check-steps book book-check publish assignments bench clean
 
 help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
 	@echo "make test   - unit tests + notebooks on the smoke profile + book build (what CI runs)"
+	@echo "make check-install - the Colab and Binder installs in fresh venvs, a chapter run in each (make test runs it)"
 	@echo "make check-steps - chapter 3's written-out step against the trainer on the real model, full sizes (CI runs it)"
 	@echo "make book-check - chapters 2 and 3 on the full profile from an empty cache (the warm start trained anew)"
 	@echo "make publish - after make book: the Colab edition (_build/colab) and _build/html for GitHub Pages"
@@ -80,8 +81,8 @@ lint: $(STAMP)
 # Fast unit tests first (a failure shows in minutes), then those marked slow (they load the real model).
 # The step checks at full size run in check-steps (the same cases run on the tiny model here).
 unit: model lint
-	$(BIN)/python -m pytest tests -q -m "not slow and not browser" --durations=5
-	$(BIN)/python -m pytest tests -q -m "slow and not browser and not fullsize" --durations=0
+	$(BIN)/python -m pytest tests -q -m "not slow and not browser and not colab_install" --durations=5
+	$(BIN)/python -m pytest tests -q -m "slow and not browser and not fullsize and not colab_install" --durations=0
 
 # Execute every notebook on the smoke profile in a staged copy (nbmake --overwrite keeps the
 # outputs there, never in notebooks/), then build the book from those executed copies.
@@ -110,7 +111,13 @@ book-smoke: browser static
 	$(MAKE) --no-print-directory publish BOOK_ROOT=$(SMOKE_SRC) BOOK_BUILD=_build/smoke/_build
 	test "$$(ls _build/smoke/_build/colab/0*.ipynb | wc -l)" -eq "$$(ls notebooks/0*.ipynb | wc -l)"
 
-test: unit nbmake-smoke book-smoke
+# Where students open the course, each in a fresh venv: the Colab edition's install cell run
+# literally (the course at this checkout's HEAD) and chapters 1-2 of the edition on the smoke profile;
+# Binder's requirements and postBuild, then chapter 1 on the binder profile.
+check-install: model
+	$(BIN)/python -m pytest tests/test_colab_install.py -q -p no:cacheprovider -m colab_install --durations=0
+
+test: unit nbmake-smoke book-smoke check-install
 
 # Chapter 3's written-out step against CourseTrainer.step on the bundled model at the full profile's
 # sizes (a truncated completion, KL with two updates, a tied group over micro-batches, a bf16 base):

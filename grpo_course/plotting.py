@@ -42,13 +42,17 @@ def glue(name: str, value: Any, fmt: str = "", display: bool = False) -> None:
     """Quote ``value`` in the prose as ``{eval}`glued.name```, formatted with ``fmt`` (a format
     spec such as ``".1f"``; the default is ``str``). numpy and torch scalars become Python numbers
     first (numpy 2 would print ``np.float64(0.5)``). The text is glued with myst-nb (what the built
-    book reads) and kept in :data:`glued` (what JupyterLab reads)."""
-    from myst_nb import glue as myst_glue
-
+    book reads) and kept in :data:`glued` (what JupyterLab reads). Where myst-nb is not installed
+    (``pip install "grpo_course[notebooks]"`` alone: myst-nb requires Sphinx), only :data:`glued`
+    keeps it: a kernel that builds no book loses nothing."""
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         value = value.item()
     shown = Shown(format(value, fmt))
     glued[name] = shown
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        return
     myst_glue(name, shown, display=display)
 
 

@@ -7,6 +7,9 @@ Colab cannot read ``_config.yml``), so :func:`set_repository` rewrites all of th
 
     python -m grpo_course.publish --repository-url https://github.com/you/your-fork
     make book && make publish        # then push _build/html with the printed ghp-import command
+
+``.github/workflows/book.yml`` does the same on GitHub (the URL of the repository it runs in, then
+``make book``, ``make publish`` and a GitHub Pages deploy): ``book/setup.md``, "publishing your fork".
 """
 from __future__ import annotations
 

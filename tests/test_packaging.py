@@ -84,3 +84,47 @@ def test_every_third_party_import_of_the_package_is_declared():
                 if not dists & declared:
                     missing.add(f"{path.name}: {top}")
     assert not missing, sorted(missing)
+
+
+def _project() -> dict:
+    import tomllib
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+
+def test_the_notebooks_extra_carries_no_book_browser_or_test_tools_and_leaves_torch_alone():
+    """``pip install "grpo_course[notebooks]"`` is what a kernel needs (Colab, Binder): nothing
+    that builds the book, drives a browser or tests, and torch only bounded below, so a host keeps
+    its own build."""
+    project = _project()
+    installed = _names(project["dependencies"] + project["optional-dependencies"]["notebooks"])
+    for tool in ("jupyter-book", "sphinx", "myst-nb", "myst-parser", "playwright", "pytest", "nbmake",
+                 "hypothesis", "ruff", "jupyterlab", "ghp-import"):
+        assert tool not in installed, tool
+    (torch,) = [r for r in project["dependencies"] if _names([r]) == {"torch"}]
+    assert re.fullmatch(r"torch>=[\d.]+", torch.replace(" ", "")), torch
+
+
+def test_every_third_party_import_of_the_chapters_is_declared():
+    """Each module a chapter imports comes with the package or its ``notebooks`` extra; myst-nb
+    (glue) is the one exception, installed with --no-deps where there is no Sphinx (``book``)."""
+    from importlib.metadata import packages_distributions
+
+    project = _project()
+    extras = project["optional-dependencies"]
+    declared = _names(project["dependencies"] + extras["notebooks"])
+    providers = packages_distributions()
+    missing = set()
+    for path in sorted((ROOT / "notebooks").glob("0*_*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        for top in re.findall(r"^\s*(?:import|from)\s+([A-Za-z_]\w*)", code, re.M):
+            if top in sys.stdlib_module_names or top == "grpo_course":
+                continue
+            dists = _names(providers.get(top, [top]))
+            if not dists & declared and not (dists & _names(extras["book"]) and top == "myst_nb"):
+                missing.add(f"{path.name}: {top}")
+    assert not missing, sorted(missing)

@@ -55,6 +55,15 @@ def test_glue_formats_numpy_and_torch_scalars_and_glues_the_text(monkeypatch):
     assert plotting.glued.b == "3" and plotting.glued["d"] == "12%"
 
 
+def test_glue_without_myst_nb_keeps_the_value_for_the_table(monkeypatch):
+    import sys
+
+    from grpo_course import plotting
+    monkeypatch.setitem(sys.modules, "myst_nb", None)     # not installed: importing it raises
+    plotting.glue("no_myst", 0.25, fmt=".0%")
+    assert plotting.glued.no_myst == "25%"
+
+
 def test_glued_names_an_unglued_value():
     from grpo_course import plotting
     with pytest.raises(AttributeError, match="nothing is glued as 'never_glued' yet"):
