@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from .answers import answers_match, extract_hash_answer
-from .grpo import zero_std_groups
+from .grpo import clipped_surrogate, zero_std_groups
 from .profiling import Limits, RooflinePoint
 from .rewards import completion_text
 
@@ -218,6 +218,10 @@ def _watched(watch: CallWatch, fn: Callable, args: tuple, kwargs: dict) -> Any:
         sys.setprofile(previous)
 
 
+#: the last verdict of :func:`check` for each function it checked, by name: (function, verdict)
+_VERDICTS: dict[str, tuple[Callable, bool | None]] = {}
+
+
 def check(candidate: Callable, reference: Callable, cases: Sequence[Case],
           name: str | None = None, compare: Callable[[Any, Any], bool] = _same,
           hide: Sequence[Callable] = (), allow: Sequence[Callable] = (),
@@ -229,8 +233,33 @@ def check(candidate: Callable, reference: Callable, cases: Sequence[Case],
     ``forbid`` (callables or dotted names, e.g. :data:`TORCH_QUANTIZERS`) fails the case.
 
     Returns True when every case agrees, False at the first disagreement, exception or forbidden
-    call, and None while the candidate still raises ``NotImplementedError``."""
+    call, and None while the candidate still raises ``NotImplementedError``. The verdict is kept
+    for :func:`yours_or_course`."""
     name = name or getattr(candidate, "__name__", "your function")
+    verdict = _run_cases(candidate, reference, cases, name, compare, hide, allow, forbid)
+    _VERDICTS[getattr(candidate, "__name__", name)] = (candidate, verdict)
+    return verdict
+
+
+def yours_or_course(yours: Callable, course: Callable, part: str) -> Callable:
+    """``yours`` where its last :func:`check` passed and it is still the function checked, else the
+    course's ``course``; prints one line saying which one runs as ``part`` (chapter 3's loop runs
+    the student's parts this way)."""
+    name = getattr(yours, "__name__", "your function")
+    checked, verdict = _VERDICTS.get(name, (None, None))
+    if checked is yours and verdict:
+        print(f"{part}: yours ({name}, its check passed)")
+        return yours
+    why = ("its check has not run" if checked is None
+           else "it changed after its check: run the check again" if checked is not yours
+           else "not written yet" if verdict is None else "its check did not pass")
+    print(f"{part}: the course's version ({name}: {why})")
+    return course
+
+
+def _run_cases(candidate: Callable, reference: Callable, cases: Sequence[Case], name: str,
+               compare: Callable[[Any, Any], bool], hide: Sequence[Callable],
+               allow: Sequence[Callable], forbid: Sequence[Callable | str]) -> bool | None:
     expected_all = [reference(*args, **kwargs) for args, kwargs in cases]
     hidden_names = ", ".join(f"`{_short_name(f)}`" for f in (reference, *hide))
     with reference_hidden(reference, *hide):
@@ -519,3 +548,56 @@ def matmul_cases(n: int = 20, seed: int = 0) -> list[Case]:
     drawn = [(rng.choice([1, 8, 64, 512]), rng.randint(1, 4096), rng.randint(1, 4096),
               rng.choice([2, 4])) for _ in range(n - len(fixed))]
     return [(args, {}) for args in fixed + drawn]
+
+
+# ---------------------------------------------------------------- chapter 3's loop parts
+def completion_token_logps(logits: torch.Tensor, completion_ids: torch.Tensor,
+                           completion_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p of each completion token ``[B, T]`` from the logits ``[B, T, V]`` that predict it, at
+    ``temperature`` (log-softmax, then the sampled token's entry), 0 where the mask is 0."""
+    logps = torch.log_softmax(logits.float() / temperature, dim=-1)              # [B, T, V]
+    return logps.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1) * completion_mask
+
+
+def token_logp_cases(n: int = 16, seed: int = 0) -> list[Case]:
+    """Chapter 3: ``(logits [B, T, V], completion_ids [B, T], completion_mask [B, T],
+    temperature)`` with padded rows (one with no real token), temperatures 1 and below, large
+    logits (a log-softmax must not overflow), and a batch of one."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    cases = []
+    for k in range(n):
+        B, T, V = rng.choice([1, 2, 4]), rng.randint(1, 6), rng.choice([3, 7, 50])
+        logits = torch.randn(B, T, V, generator=gen) * (40.0 if k % 7 == 6 else 2.0)
+        ids = torch.randint(0, V, (B, T), generator=gen)
+        lengths = torch.tensor([rng.randint(0 if k % 5 == 4 else 1, T) for _ in range(B)])
+        mask = (torch.arange(T)[None, :] < lengths[:, None]).long()
+        cases.append(((logits, ids, mask, rng.choice([1.0, 1.0, 0.7])), {}))
+    return cases
+
+
+def clipped_surrogate_loss(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor,
+                           advantages: torch.Tensor, epsilon_low: float,
+                           epsilon_high: float) -> torch.Tensor:
+    """The per-token loss ``[B, T]`` of :func:`grpo_course.grpo.clipped_surrogate` (not its ratio)."""
+    return clipped_surrogate(per_token_logps, old_per_token_logps, advantages, epsilon_low,
+                             epsilon_high)[0]
+
+
+def surrogate_cases(n: int = 24, seed: int = 0) -> list[Case]:
+    """Chapter 3: ``(logps [B, T], old_logps [B, T], advantages [B, 1], epsilon_low,
+    epsilon_high)``: ratios inside and far outside the clip range, advantages of both signs and
+    zero, DAPO's clip-higher (epsilon_high above epsilon_low), and the first update (ratio 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = random.Random(seed)
+    cases = []
+    for k in range(n):
+        B, T = rng.choice([1, 2, 4]), rng.randint(1, 5)
+        old = -torch.rand(B, T, generator=gen) * 3
+        logps = old if k % 6 == 0 else old + torch.randn(B, T, generator=gen) * 0.5
+        advantages = torch.randn(B, 1, generator=gen)
+        if k % 4 == 3:
+            advantages[0] = 0.0
+        eps_low, eps_high = rng.choice([(0.2, 0.2), (0.2, 0.28), (0.1, 0.3)])
+        cases.append(((logps, old, advantages, eps_low, eps_high), {}))
+    return cases

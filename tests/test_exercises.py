@@ -306,3 +306,41 @@ def test_difference_names_the_shape_the_list_index_and_the_dict_key():
     assert diff.startswith("first difference at key 'b': first difference at index 1: returned 1, expected 5")
     assert ex._difference({"a": 1}, {"b": 1}) == "keys differ: missing ['b'], unexpected ['a']"
     assert ex._difference(torch.ones(2), torch.ones(2)) is None
+
+
+def test_yours_or_course_picks_a_function_only_after_its_check_passed(capsys):
+    from grpo_course import exercises
+
+    def my_part(logits, ids, mask, temperature):
+        logps = torch.log_softmax(logits.float() / temperature, dim=-1)
+        return logps.gather(-1, ids[..., None]).squeeze(-1) * mask
+
+    def course(*a):
+        return "course"
+
+    assert exercises.yours_or_course(my_part, course, "part") is course      # not checked yet
+    assert "its check has not run" in capsys.readouterr().out
+    assert exercises.check(my_part, exercises.completion_token_logps, exercises.token_logp_cases())
+    assert exercises.yours_or_course(my_part, course, "part") is my_part
+    assert "part: yours" in capsys.readouterr().out
+
+    def my_part(logits, ids, mask, temperature):           # noqa: F811 - redefined after its check
+        return torch.zeros(ids.shape)
+
+    assert exercises.yours_or_course(my_part, course, "part") is course
+    assert "changed after its check" in capsys.readouterr().out
+    assert exercises.check(my_part, exercises.completion_token_logps, exercises.token_logp_cases()) is False
+    assert exercises.yours_or_course(my_part, course, "part") is course
+    assert "did not pass" in capsys.readouterr().out
+
+
+def test_the_loop_parts_references_match_the_package():
+    from grpo_course import exercises, grpo
+
+    for (logps, old, adv, lo, hi), _ in exercises.surrogate_cases():
+        loss, ratio = grpo.clipped_surrogate(logps, old, adv, lo, hi)
+        assert torch.equal(exercises.clipped_surrogate_loss(logps, old, adv, lo, hi), loss)
+    for (logits, ids, mask, t), _ in exercises.token_logp_cases():
+        got = exercises.completion_token_logps(logits, ids, mask, t)
+        assert got.shape == ids.shape and torch.all(got[mask == 0] == 0) and torch.all(got <= 0)
+        assert torch.isfinite(got).all()                      # large logits do not overflow

@@ -107,13 +107,22 @@ def test_chapter_3_loop_is_written_out_in_at_most_60_lines():
     cells = _section_code(ROOT / "notebooks" / "03_grpo_from_scratch.ipynb", "## Your GRPO loop")
     assert cells, "chapter 3 has no '## Your GRPO loop' section with code"
     code = "\n".join(cells)
-    lines = [l for l in code.splitlines() if l.strip() and not l.strip().startswith("#")]
+    lines = [l for l in code.splitlines() if l.strip() and not l.strip().startswith(("#", "from ", "import "))
+             and "yours_or_course(" not in l]          # the step's own lines: its imports and parts aside
     assert len(lines) <= 60, f"the loop section has {len(lines)} code lines (at most 60)"
+    # the four parts are the student's exercises, picked where their checks passed
+    parts = {"advantages_of": "my_group_advantages", "token_logps_of": "my_token_logps",
+             "surrogate_of": "my_clipped_surrogate", "aggregate_of": "my_aggregate_loss"}
+    for part, mine in parts.items():
+        assert re.search(rf"{part} = exercises\.yours_or_course\({mine},", code), \
+            f"the loop does not pick {mine} (the student's exercise) for {part}"
+        assert f"{part}(" in code, f"the loop does not call {part}"
+    step = "\n".join(l for l in code.splitlines() if "yours_or_course(" not in l)
     for name in ("CourseTrainer", "grpo_loss", "aggregate_loss", "clipped_surrogate",
                  "per_token_logps", "group_advantages", "trainer.step("):
-        assert name not in code, f"the loop section calls {name}: it must write the step out"
-    for piece in ("log_softmax", "gather", "torch.clamp", "backward()", "optimizer.step()",
-                  "completion_mask", "disable_adapter"):
+        assert name not in step, f"the loop section calls {name}: it must write the step out"
+    for piece in ("torch.exp", "backward()", "optimizer.step()", "completion_mask", "disable_adapter",
+                  "clip_grad_norm_"):
         assert piece in code, f"the loop section does not write out {piece}"
     assert re.search(r"for step in tqdm\(range\(steps\)", code) and "P.loop.steps" in code, \
         "the loop must run P.loop.steps steps with a progress bar"
