@@ -115,7 +115,7 @@ book-smoke: browser static
 # literally (the course at this checkout's HEAD) and chapters 1-2 of the edition on the smoke profile;
 # Binder's requirements and postBuild, then chapter 1 on the binder profile.
 check-install: model
-	$(BIN)/python -m pytest tests/test_colab_install.py -q -p no:cacheprovider -m colab_install --durations=0
+	$(BIN)/python -m pytest tests/test_colab_install.py -q -rP -p no:cacheprovider -m colab_install --durations=0
 
 test: unit nbmake-smoke book-smoke check-install
 

