@@ -405,7 +405,7 @@ class StartSizes:
     samples: int = 16                    # samples per problem of the pass@k curves (k <= samples)
     pass_k_problems: int = 16            # first problems of each slice in the pass@k curves
     transfer_problems: int = 64          # first problems of the first slice at one more line left
-    whole_problems: int = 256            # first test problems of chapter 3's whole-problem test (the
+    whole_problems: int = 128            # first test problems of chapter 3's whole-problem test (the
                                          # base model's and the warm start's come from chapters 1-2's
                                          # evaluations of P.eval.n, cached a block at a time)
 
@@ -472,7 +472,7 @@ class Profile:
 #: evaluations and the student's loop: with native bf16 (AVX512-BF16 or AMX) both the sampler and
 #: the training pass run in bf16; elsewhere both run in fp32, slower (bench/throughput.py). The chapter
 #: prints its own minutes; ``make book`` on a clean clone is where they are measured.
-FULL_GRPO_STEPS = {"native_bf16": 14, "fp32": 6}
+FULL_GRPO_STEPS = {"native_bf16": 8, "fp32": 6}
 
 
 def full_grpo_steps() -> int:
