@@ -28,12 +28,22 @@ fullsize = [pytest.mark.slow, pytest.mark.fullsize]
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "03_grpo_from_scratch.ipynb"
 
 
+#: the student's four exercises, unwritten: the loop's cell then runs the course's parts
+EXERCISE_STUBS = ("my_group_advantages", "my_token_logps", "my_clipped_surrogate", "my_aggregate_loss")
+
+
+def _not_written(*args, **kwargs):
+    raise NotImplementedError
+
+
 def notebook_function(name: str):
-    """The function ``name`` as chapter 3's code cell defines it (exec'd on its own)."""
+    """The function ``name`` as chapter 3's code cell defines it (exec'd on its own, with the
+    chapter's exercise stubs unwritten, so the step runs the course's four parts)."""
     for cell in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "code" and f"def {name}(" in source:
-            namespace = {"torch": torch, "sample_completions": sample_completions}
+            namespace = {"torch": torch, "sample_completions": sample_completions,
+                         **dict.fromkeys(EXERCISE_STUBS, _not_written)}
             exec(compile(source, f"{NOTEBOOK.name}:{name}", "exec"), namespace)
             return namespace[name]
     raise AssertionError(f"no code cell of {NOTEBOOK.name} defines {name}()")
