@@ -114,11 +114,12 @@ def start_name(lines_left: int | None) -> str:
 
 
 def reverse_stages(dataset, n: int, starts: Sequence[int | None] = REVERSE_STARTS,
-                   seed: int = 0) -> list[Stage]:
+                   seed: int | None = 0) -> list[Stage]:
     """R3's reverse curriculum (Xi et al. 2024): ``n`` problems of ``dataset``, drawn at random
-    with ``seed`` among those with more work lines than the largest start (so no two stages give
-    the same start), posed at each start in turn; each stage's rows carry their ``start`` and
-    ``lines_left`` columns (:func:`~grpo_course.data.gold_starts`), which the trainer uses."""
+    with ``seed`` (``None``: the first ``n``, in order) among those with more work lines than the
+    largest start (so no two stages give the same start), posed at each start in turn; each
+    stage's rows carry their ``start`` and ``lines_left`` columns
+    (:func:`~grpo_course.data.gold_starts`), which the trainer uses."""
     if not starts or any(k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1)
                          for k in starts):
         raise CurriculumError(f"starts must be whole numbers >= 1 or None, got {tuple(starts)}")
@@ -127,7 +128,8 @@ def reverse_stages(dataset, n: int, starts: Sequence[int | None] = REVERSE_START
     if n < 1 or n > len(eligible):
         raise CurriculumError(f"need 1 to {len(eligible)} problems with more than {deepest} work "
                               f"lines, got n = {n}")
-    random.Random(seed).shuffle(eligible)
+    if seed is not None:
+        random.Random(seed).shuffle(eligible)
     problems = dataset.select(sorted(eligible[:n]))
     out = []
     for k, left in enumerate(starts, start=1):
@@ -512,32 +514,3 @@ def train_stages(model, tokenizer, config, stages: Sequence[Stage], steps_per_st
     if out_dir is not None:
         write_run(out_dir, config, rows, profile, trainer="curriculum")
     return trainer, records
-
-
-def forgetting(before, after, stratum: str) -> dict[str, Any]:
-    """Accuracy on ``stratum`` before and after later training (two
-    :class:`~grpo_course.evaluate.EvalResult` on the same problems): the drop, the problems
-    lost and gained, and McNemar's exact p-value."""
-
-    a = {r["idx"]: r["correct"] for r in before.records if r["difficulty"] == stratum}
-    b = {r["idx"]: r["correct"] for r in after.records if r["difficulty"] == stratum}
-    if set(a) != set(b) or not a:
-        raise CurriculumError(f"the two evaluations do not hold the same {stratum} problems")
-    keys = sorted(a)
-    test = mcnemar_test([a[i] for i in keys], [b[i] for i in keys])
-    n = len(keys)
-    return {"stratum": stratum, "n": n, "before": sum(a.values()) / n,
-            "after": sum(b.values()) / n, "drop": (sum(a.values()) - sum(b.values())) / n,
-            "lost": test["a_only"], "gained": test["b_only"], "p_value": test["p_value"]}
-
-
-@torch.no_grad()
-def solution_log_likelihood(model, tokenizer, rows, batch_size: int = 8,
-                            max_completion_length: int = 128) -> torch.Tensor:
-    """``[N]`` mean per-token log-likelihood of GSM8K's reference solutions of ``rows``: a
-    continuous, paired measure of forgetting (far less noisy than accuracy at small n)."""
-    out = []
-    for batch in reference_batches(tokenizer, rows, batch_size, max_completion_length):
-        ll = completion_log_likelihood(model, batch)
-        out.append(ll / batch["completion_mask"].sum(-1).clamp(min=1))
-    return torch.cat(out)

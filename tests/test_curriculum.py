@@ -22,7 +22,7 @@ from grpo_course.curriculum import (
     start_name,
     take,
 )
-from grpo_course.data import STRATA, load_gsm8k
+from grpo_course.data import STRATA, load_gsm8k, work_lines
 from grpo_course.evaluate import EvalResult
 from tests import helpers
 
@@ -75,6 +75,9 @@ def test_reverse_stages_slide_the_start_back_on_the_same_problems(real_gsm8k_dir
         assert a["start"].startswith(b["start"]) and a["start"].count("\n") == b["start"].count("\n") + 1
         assert b["start"]            # more than two work lines: stage 2 is not the whole problem
     assert list(reverse_stages(data, 12, seed=3)[0].dataset["idx"]) == ids[0]    # seeded
+    first = [i for i, s in zip(data["idx"], data["solution"], strict=True)
+             if len(work_lines(s)) > 2][:12]
+    assert list(reverse_stages(data, 12, seed=None)[1].dataset["idx"]) == first   # in order
     shuffled = shuffled_stages(stages, seed=0)                # the control keeps each row's start
     def pairs(plan):
         return sorted((r["idx"], r["lines_left"]) for s in plan for r in s.dataset)
