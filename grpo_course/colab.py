@@ -41,12 +41,12 @@ from .atomic import write_text_atomic
 from .errors import CourseError, OneLineArgumentParser, report
 from .publish import github_repo, repository
 
-ROLE = re.compile(r"\{(eval|term|cite|cite:p|cite:t)\}`([^`]*)`")
 TERM_TARGET = re.compile(r"^(.*?)\s*<([^<>]+)>\s*$", re.S)
 FENCE = re.compile(r"^(?P<fence>`{3,}|:{3,})\s*\{(?P<name>[\w:-]+)\}\s*(?P<arg>.*)$")
 LINK = re.compile(r"(!?\[[^\]]*\])\((?!https?://|#|mailto:)([^)\s]+)\)")
 #: the roles and directives the converter turns into CommonMark (anything else is refused)
 ROLES = frozenset({"eval", "term", "cite", "cite:p", "cite:t"})
+ROLE = re.compile(r"\{(" + "|".join(sorted(ROLES, key=len, reverse=True)) + r")\}`([^`]*)`")
 ADMONITIONS = frozenset({"admonition", "note", "tip", "hint", "important", "warning", "caution",
                          "attention", "danger", "error", "seealso"})
 IMAGES = frozenset({"figure", "image"})
