@@ -140,6 +140,9 @@ def reference_hidden(*functions: Callable) -> Iterator[None]:
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
+#: library functions that compute chapter 3's per-token log-probabilities for you (TRL's)
+TOKEN_LOGP_SHORTCUTS = ("trl.trainer.utils.selective_log_softmax",)
+
 #: torch functions that quantize for you: chapter 6's exercises forbid them
 TORCH_QUANTIZERS = ("torch.fake_quantize_per_channel_affine", "torch.fake_quantize_per_tensor_affine",
                     "torch.quantize_per_channel", "torch.quantize_per_tensor",
@@ -203,8 +206,12 @@ class CallWatch:
                 op = getattr(frame.f_locals.get("self"), "__name__", "")
                 if op.split(".")[0] in self.forbidden:
                     self._flag(self.forbidden[op.split(".")[0]])
-            elif any(module.startswith(f) for f in self.forbidden.values()):
-                self._flag(module)
+            else:                                     # a forbidden module, or one Python function
+                qualified = f"{module}.{code.co_qualname}"
+                hit = next((f for f in self.forbidden.values()
+                            if qualified == f or qualified.startswith(f + ".")), None)
+                if hit is not None:
+                    self._flag(hit)
 
 
 def _watched(watch: CallWatch, fn: Callable, args: tuple, kwargs: dict) -> Any:

@@ -344,3 +344,21 @@ def test_the_loop_parts_references_match_the_package():
         got = exercises.completion_token_logps(logits, ids, mask, t)
         assert got.shape == ids.shape and torch.all(got[mask == 0] == 0) and torch.all(got <= 0)
         assert torch.isfinite(got).all()                      # large logits do not overflow
+
+
+def test_a_python_library_function_named_in_forbid_fails(capsys):
+    """A forbidden Python function (not only a C builtin or a whole module) is caught: chapter 3's
+    per-token log-probabilities through TRL's selective_log_softmax."""
+    from trl.trainer.utils import selective_log_softmax
+
+    from grpo_course import exercises
+
+    def my_token_logps(logits, ids, mask, temperature):
+        return selective_log_softmax(logits.float() / temperature, ids) * mask
+
+    assert exercises.check(my_token_logps, exercises.completion_token_logps, exercises.token_logp_cases(),
+                           forbid=exercises.TOKEN_LOGP_SHORTCUTS) is False
+    out = capsys.readouterr().out
+    assert "calls `trl.trainer.utils.selective_log_softmax`, a library function" in out, out
+    assert exercises.check(my_token_logps, exercises.completion_token_logps,
+                           exercises.token_logp_cases()) is True          # allowed where not forbidden
