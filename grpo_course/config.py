@@ -363,7 +363,7 @@ class QuantSizes:
     decode_tokens: int = 32              # new tokens per timing run
     torchao_batch_sizes: tuple[int, ...] = (1, 8)
     torchao_decode_tokens: int = 4
-    eval_n: int = 256                    # held-out problems per evaluated variant (paired)
+    eval_n: int = 192                    # held-out problems per evaluation (four of them, paired)
     policy_steps: int = 6                # GRPO steps of the policy trained here when chapter 3's
                                          # is not in the cache (its recipe, from the warm start)
 

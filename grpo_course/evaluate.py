@@ -177,14 +177,16 @@ def _read_cached(path: Path) -> dict[str, Any] | None:
 def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_tokens: int = 256,
                    system_prompt: str = SYSTEM_PROMPT, progress: bool = True,
                    name: str = "", sampling_dtype: str | None = "auto",
-                   cache: bool = False) -> EvalResult:
+                   cache: bool = False, fast: bool | None = None) -> EvalResult:
     """Greedy-decode every problem of ``dataset`` (from :func:`load_gsm8k`) and score it.
 
     Rows are decoded in blocks of :data:`EVAL_BLOCK`, batched by prompt length within a block
     (less padding); records keep dataset order. ``sampling_dtype`` is the decoder's weight
     precision (``"auto"``: bf16 on CPUs with native bf16, see
     :func:`~grpo_course.sampling.resolve_sampling_dtype`; ``None`` or ``"float32"``: the model's
-    own). Greedy decoding is deterministic, so with ``cache=True`` each block's records are stored
+    own). ``fast`` picks the decoder as in :func:`~grpo_course.sampling.sample_completions`
+    (``None``: the compact one where the model supports it; ``False``: transformers'
+    ``generate``, the path a quantized model takes). Greedy decoding is deterministic, so with ``cache=True`` each block's records are stored
     under ``cache_dir()/evals`` and reused when the weights (their fingerprint), the block's
     prompts and the decoding settings are all identical; ``cached`` is true when every block was.
     """
@@ -194,7 +196,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
         raise ValueError("batch_size and max_new_tokens must be positive")
     rows = list(dataset)
     prompts = [start_prompt(r, tokenizer, system_prompt) for r in rows]
-    dtype = sampler_dtype(model, sampling_dtype)
+    dtype = sampler_dtype(model, sampling_dtype, fast)
     fingerprint = weights_fingerprint(model) if cache else None
     code = code_fingerprint(*EVAL_MODULES) if cache else None
     records: list[dict[str, Any]] = []
@@ -207,7 +209,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
             key = {"weights": fingerprint, "prompts": block_prompts,
                    "gold": [r["answer"] for r in block], "batch_size": batch_size,
                    "max_new_tokens": max_new_tokens, "dtype": str(dtype),
-                   "code": code}
+                   "code": code, **({} if fast is None else {"fast": fast})}
             path = _cache_file(key)
             stored = _read_cached(path)
             if stored is not None:
@@ -217,7 +219,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
                 continue
         start = time.perf_counter()
         done = _decode_block(model, tokenizer, block, block_prompts, lo, batch_size,
-                             max_new_tokens, dtype, bar)
+                             max_new_tokens, dtype, bar, fast)
         spent = time.perf_counter() - start
         if path is not None:
             write_json_atomic(path, {"key": {k: v for k, v in key.items() if k != "prompts"},
@@ -230,7 +232,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
 
 
 def _decode_block(model, tokenizer, rows, prompts, first: int, batch_size: int,
-                  max_new_tokens: int, dtype, bar) -> list[dict[str, Any]]:
+                  max_new_tokens: int, dtype, bar, fast: bool | None = None) -> list[dict[str, Any]]:
     """Greedy answers and scores of one block of rows (``first``: the block's first row in the
     data set, the ``idx`` of rows without one), in the rows' order."""
 
@@ -240,7 +242,7 @@ def _decode_block(model, tokenizer, rows, prompts, first: int, batch_size: int,
         chunk = order[lo:lo + batch_size]
         batch = sample_completions(model, tokenizer, [prompts[i] for i in chunk],
                                    num_generations=1, max_new_tokens=max_new_tokens,
-                                   temperature=0.0, sampling_dtype=dtype)
+                                   temperature=0.0, sampling_dtype=dtype, fast=fast)
         lengths = batch.completion_lengths.tolist()
         for j, i in enumerate(chunk):
             row, text = rows[i], batch.completions[j]

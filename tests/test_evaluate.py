@@ -117,6 +117,28 @@ def test_eval_cache_reuses_identical_runs_only(gsm8k_dir, tmp_path, monkeypatch)
     assert not fresh.cached                                          # no cache unless asked
 
 
+def test_evaluate_model_fast_false_decodes_on_transformers(gsm8k_dir, tmp_path, monkeypatch):
+    """``fast=False`` (chapter 6's control) decodes with transformers, never the compact
+    decoder, and is cached apart from the default run; in fp32 both write the same greedy text."""
+    from grpo_course import sampling
+    from grpo_course.data import load_gsm8k
+    from grpo_course.evaluate import evaluate_model
+    from tests.helpers import tiny_model, tiny_tokenizer
+
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    model, tok = tiny_model(), tiny_tokenizer()
+    rows = load_gsm8k("test", data_dir=gsm8k_dir, limit=3)
+    run = lambda fast: evaluate_model(model, tok, rows, batch_size=2, max_new_tokens=6,  # noqa: E731
+                                      progress=False, cache=True, sampling_dtype="float32", fast=fast)
+    compact = run(None)
+    built = []
+    monkeypatch.setattr(sampling, "FastLlama", lambda *a, **k: built.append(a) or 1 / 0)
+    hf = run(False)
+    assert not hf.cached and not built                  # its own cache entry, no compact decoder
+    assert [r["completion"] for r in hf.records] == [r["completion"] for r in compact.records]
+    assert run(False).cached
+
+
 
 
 def test_attribution_table_rows():
