@@ -472,7 +472,7 @@ class Profile:
 #: evaluations and the student's loop: with native bf16 (AVX512-BF16 or AMX) both the sampler and
 #: the training pass run in bf16; elsewhere both run in fp32, slower (bench/throughput.py). The chapter
 #: prints its own minutes; ``make book`` on a clean clone is where they are measured.
-FULL_GRPO_STEPS = {"native_bf16": 8, "fp32": 6}
+FULL_GRPO_STEPS = {"native_bf16": 6, "fp32": 4}
 
 
 def full_grpo_steps() -> int:
