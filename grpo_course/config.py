@@ -403,7 +403,7 @@ class StartSizes:
     changes: dict[str, Any] = field(default_factory=lambda: dict(REVERSE_CURRICULUM))
     slices: tuple[tuple[int, int], ...] = ((512, 768), (768, 1024))   # test rows [start, end)
     samples: int = 16                    # samples per problem of the pass@k curves (k <= samples)
-    pass_k_problems: int = 16            # first problems of each slice in the pass@k curves
+    pass_k_problems: int = 12            # first problems of each slice in the pass@k curves
     transfer_problems: int = 64          # first problems of the first slice at one more line left
     whole_problems: int = 128            # first test problems of chapter 3's whole-problem test (the
                                          # base model's and the warm start's come from chapters 1-2's
