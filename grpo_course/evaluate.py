@@ -185,10 +185,11 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
     precision (``"auto"``: bf16 on CPUs with native bf16, see
     :func:`~grpo_course.sampling.resolve_sampling_dtype`; ``None`` or ``"float32"``: the model's
     own). ``fast`` picks the decoder as in :func:`~grpo_course.sampling.sample_completions`
-    (``None``: the compact one where the model supports it; ``False``: transformers'
-    ``generate``, the path a quantized model takes). Greedy decoding is deterministic, so with ``cache=True`` each block's records are stored
-    under ``cache_dir()/evals`` and reused when the weights (their fingerprint), the block's
-    prompts and the decoding settings are all identical; ``cached`` is true when every block was.
+    (``None``: the compact one where the model supports it; ``False``: the model's own
+    transformers forward pass, the path a quantized model takes). Greedy decoding is
+    deterministic, so with ``cache=True`` each block's records are stored under
+    ``cache_dir()/evals`` and reused when the weights (their fingerprint), the block's prompts and
+    the decoding settings are all identical; ``cached`` is true when every block was.
     """
 
 
