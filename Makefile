@@ -76,7 +76,7 @@ model: $(STAMP)
 
 # Lint (rules F, I, B, UP in pyproject.toml) over the package, the benchmarks, the tests and the chapters.
 lint: $(STAMP)
-	$(BIN)/ruff check grpo_course bench tests notebooks
+	$(BIN)/ruff check .
 
 # Fast unit tests first (a failure shows in minutes), then those marked slow (they load the real model).
 # The step checks at full size run in check-steps (the same cases run on the tiny model here).

@@ -34,10 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.recipes import check_slices_and_out  # noqa: E402
-from grpo_course.config import START_BUDGETS, get_profile  # noqa: E402
-from grpo_course.errors import CourseError, OneLineArgumentParser, report  # noqa: E402
-from grpo_course.hardware import bench_facts  # noqa: E402
+from bench.recipes import check_slices_and_out
+from grpo_course.config import START_BUDGETS, get_profile
+from grpo_course.errors import CourseError, OneLineArgumentParser, report
+from grpo_course.hardware import bench_facts
 
 DEFAULT_SLICES = "512:768,768:1024"
 #: the starts (lines_left; None: the whole problem) and each one's completion budget: the

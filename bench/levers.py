@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.errors import CourseError, OneLineArgumentParser, report  # noqa: E402
-from grpo_course.hardware import bench_facts  # noqa: E402
+from grpo_course.errors import CourseError, OneLineArgumentParser, report
+from grpo_course.hardware import bench_facts
 
 PLAIN = dict(num_generations=4, per_step_completions=8, prompt_order="random",
              dynamic_sampling=False, num_iterations=1, epsilon_high=None,
@@ -54,7 +54,7 @@ def run_variant(name: str, changes: dict, steps: int, warm_dir, train) -> dict:
     model, tok = load_model(cfg.model)
     trainer = CourseTrainer(model, tok, cfg, train).start_from(warm_dir)
     rows = [trainer.step() for _ in range(steps)]
-    mean = lambda k: statistics.fmean(r[k] for r in rows)   # noqa: E731
+    mean = lambda k: statistics.fmean(r[k] for r in rows)
     groups = cfg.per_step_completions // cfg.num_generations
     return {"changes": {k: v for k, v in changes.items()} if name != "profile" else "full profile",
             "steps": steps, "num_generations": cfg.num_generations,

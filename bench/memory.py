@@ -30,17 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.atomic import write_json_atomic  # noqa: E402
-from grpo_course.config import PROFILE_NAMES  # noqa: E402
-from grpo_course.errors import OneLineArgumentParser  # noqa: E402
-from grpo_course.hardware import bench_facts  # noqa: E402
-from grpo_course.memory import (  # noqa: E402
-    CHAPTER_LIMIT_MIB,
-    MEMORY_FILE,
-    memory_limit_bytes,
-    read_measurements,
-    tree_rss_bytes,
-)
+from grpo_course.atomic import write_json_atomic
+from grpo_course.config import PROFILE_NAMES
+from grpo_course.errors import OneLineArgumentParser
+from grpo_course.hardware import bench_facts, memory_limit_bytes
+from grpo_course.memory import CHAPTER_LIMIT_MIB, MEMORY_FILE, read_measurements, tree_rss_bytes
 
 NOTEBOOKS = ROOT / "notebooks"
 

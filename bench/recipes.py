@@ -37,8 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.errors import CourseError, OneLineArgumentParser, report  # noqa: E402
-from grpo_course.hardware import bench_facts  # noqa: E402
+from grpo_course.errors import CourseError, OneLineArgumentParser, report
+from grpo_course.hardware import bench_facts
 
 RECIPES = {
     "format_led": dict(loss_type="grpo", dynamic_sampling_reward=None, generation_batch_size=None,

@@ -38,9 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.atomic import write_json_atomic  # noqa: E402
-from grpo_course.errors import OneLineArgumentParser  # noqa: E402
-from grpo_course.hardware import available_cores, bench_facts, peak_rss_mib  # noqa: E402
+from grpo_course.atomic import write_json_atomic
+from grpo_course.errors import OneLineArgumentParser
+from grpo_course.hardware import available_cores, bench_facts, peak_rss_mib
 
 #: ``--train-micro-batch``: the completions each forward/backward pass of the course trainer takes
 #: (``GRPOConfig.train_micro_batch``: G, or None for all); the update is the same either way

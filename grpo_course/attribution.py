@@ -29,7 +29,7 @@ from .arithmetic import arithmetic_check
 from .data import last_number, solution_results
 from .evaluate import EvalResult
 from .rewards import score_completions, step_f1, weighted_sum
-from .stats import mcnemar_test, paired_difference  # noqa: F401 (chapters import it here too)
+from .stats import mcnemar_test, paired_difference
 
 _QUESTION_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 

@@ -44,8 +44,7 @@ from .models import cache_dir, load_model, quiet_loading
 from .rewards import REWARD_FUNCTIONS, computed_results, score_completions
 from .runs import RUN_CONFIG_FILE, load_run_config
 from .sampling import sample_completions, sampler_dtype
-from .stats import (  # noqa: F401 (chapters import linear_trend, mcnemar_test here too)
-    linear_trend,
+from .stats import (
     mcnemar_test,
     mean_interval,
     mixed_group_chance,
@@ -153,10 +152,6 @@ def _cache_file(key: dict[str, Any]) -> Path:
 EVAL_BLOCK = 64
 
 
-#: the modules whose code decides an evaluation's records (decoding, prompts, answer checking,
-#: scoring): a change to any of them is a new cache entry
-EVAL_MODULES = ("grpo_course.evaluate", "grpo_course.sampling", "grpo_course.data",
-                "grpo_course.answers", "grpo_course.rewards")
 
 
 def _read_cached(path: Path) -> dict[str, Any] | None:
@@ -199,7 +194,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
     prompts = [start_prompt(r, tokenizer, system_prompt) for r in rows]
     dtype = sampler_dtype(model, sampling_dtype, fast)
     fingerprint = weights_fingerprint(model) if cache else None
-    code = code_fingerprint(*EVAL_MODULES) if cache else None
+    code = code_fingerprint(__name__) if cache else None   # this module and all it imports
     records: list[dict[str, Any]] = []
     seconds, all_cached = 0.0, True
     bar = tqdm(total=len(rows), desc="evaluate", disable=not progress)
@@ -486,7 +481,8 @@ def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> OneLineArgumentParser:
+    """The command line of ``python -m grpo_course.evaluate``."""
     parser = OneLineArgumentParser(prog="python -m grpo_course.evaluate",
                                      description="Greedy GSM8K evaluation with 95 % intervals.")
     parser.add_argument("--model", default="smollm2-135m-instruct",
@@ -507,6 +503,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="also evaluate OTHER on the same problems and test the difference "
                              "(paired, exact McNemar)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m grpo_course.evaluate``: greedy accuracy of one model (or two, paired) with its
+    95 % interval, as text or one JSON object."""
+    parser = _parser()
     args = parser.parse_args(argv)
     for flag, value, low in (("--n", args.n, 1), ("--offset", args.offset, 0),
                              ("--batch-size", args.batch_size, 1),

@@ -3,16 +3,20 @@
 A cache that outlives the code that filled it hides every change to that code: a warm start
 trained by an older warm-up, an evaluation decoded by an older sampler. Each cache therefore
 puts :func:`code_fingerprint` of the modules that produce it into its key, beside its own inputs:
-the package version, a hash of those modules' source files, and the versions of torch,
+the package version, a hash of the source files of the producing module and of every package
+module it imports, transitively (:func:`package_imports`, read from the import statements, so a
+new import cannot escape the key), and the versions of torch,
 transformers, peft and trl; and :func:`data_hash` of the rows it read. Editing any of those
 modules, upgrading a library or changing the data starts a new entry instead of reusing an old one.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 from functools import cache
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from importlib.util import find_spec
 from pathlib import Path
 
 from . import __version__
@@ -31,6 +35,54 @@ def library_versions() -> dict[str, str | None]:
     return found
 
 
+def _source_file(module: str) -> Path | None:
+    """The ``.py`` file of ``module`` (without importing it), or ``None`` for no such module."""
+    try:
+        spec = find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None)
+    return Path(origin) if origin and origin.endswith(".py") else None
+
+
+def _direct_imports(module: str, package: str) -> set[str]:
+    """The modules of ``package`` that ``module``'s source imports anywhere in the file (a
+    function's own imports count too): ``from . import x``, ``from .x import y``, ``import
+    package.x`` and their absolute forms."""
+    path = _source_file(module)
+    if path is None:
+        return set()
+    here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = here.rsplit(".", node.level - 1)[0] if node.level > 1 else here
+                base = f"{parent}.{base}" if base else parent
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)   # from pkg import module
+    return {name for name in found if (name == package or name.startswith(package + "."))
+            and _source_file(name) is not None}
+
+
+@cache
+def package_imports(module: str) -> tuple[str, ...]:
+    """``module`` and every module of its package that it imports, transitively, sorted: the
+    modules whose code can change what ``module`` computes (the set a cache key hashes)."""
+    package = module.split(".")[0]
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(_direct_imports(name, package) - seen)
+    return tuple(sorted(seen))
+
+
 @cache
 def source_hash(*modules: str) -> str:
     """A hash of the source files of ``modules`` (dotted names, e.g. ``"grpo_course.train"``)."""
@@ -41,10 +93,11 @@ def source_hash(*modules: str) -> str:
     return digest.hexdigest()[:20]
 
 
-def code_fingerprint(*modules: str) -> dict[str, object]:
-    """The package version, :func:`source_hash` of ``modules`` and :func:`library_versions`:
-    the part of a cache key that says which code made the entry."""
-    return {"package": __version__, "source": source_hash(*modules),
+def code_fingerprint(module: str) -> dict[str, object]:
+    """The package version, :func:`source_hash` of ``module`` and of everything it imports
+    (:func:`package_imports`) and :func:`library_versions`: the part of a cache key that says
+    which code made the entry. ``module`` is the one that holds the producing function."""
+    return {"package": __version__, "source": source_hash(*package_imports(module)),
             "libraries": library_versions()}
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import torch
 
 
 @lru_cache(maxsize=1)
@@ -51,13 +52,11 @@ def cpu_flags() -> frozenset[str]:
 
 def has_avx512_bf16() -> bool:
     """AVX512-BF16 (bf16 dot products in vector registers)."""
-    import torch
     return "avx512_bf16" in cpu_flags() or bool(torch.cpu._is_avx512_bf16_supported())
 
 
 def has_amx() -> bool:
     """AMX tiles (Intel Advanced Matrix Extensions: bf16 and int8 matrix products)."""
-    import torch
     return "amx_tile" in cpu_flags() or bool(torch.cpu._is_amx_tile_supported())
 
 
@@ -69,7 +68,6 @@ def native_bf16() -> bool:
 def cpu_features() -> dict[str, Any]:
     """What this CPU offers int8 and bf16 kernels: its name, torch's vector ISA level, the
     instruction sets that make int8 dot products (VNNI, AMX) and bf16 matmuls native."""
-    import torch
     flags = cpu_flags()
     return {"cpu": cpu_name(), "torch_isa": torch.backends.cpu.get_cpu_capability(),
             "avx512_vnni": "avx512_vnni" in flags, "avx_vnni": "avx_vnni" in flags,
@@ -79,7 +77,6 @@ def cpu_features() -> dict[str, Any]:
 def bench_facts() -> dict[str, Any]:
     """What every benchmark records about the machine it ran on: the CPU, the flags that decide
     the fastest precision (AVX2, AVX-512, AVX512-BF16, AMX), native bf16 and torch's version."""
-    import torch
     flags = cpu_flags()
     return {"cpu": cpu_name(), "torch": torch.__version__,
             **{f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")},
@@ -91,7 +88,7 @@ def describe_cpu(features: dict[str, Any] | None = None) -> str:
     (VNNI): yes; native bf16: no; AMX: no"."""
     f = features or cpu_features()
     native = f.get("native_bf16", f["avx512_bf16"] or f["amx"])
-    yes = lambda b: "yes" if b else "no"  # noqa: E731
+    yes = lambda b: "yes" if b else "no"
     return (f"{f['cpu']}; torch kernels at {f['torch_isa']}; int8 dot products (VNNI): "
             f"{yes(f['avx512_vnni'] or f['avx_vnni'])}; native bf16: {yes(native)}; "
             f"AMX: {yes(f['amx'])}")

@@ -21,7 +21,7 @@ from typing import Any
 import psutil
 
 from .config import PROFILES
-from .hardware import SMALL_MACHINE_BYTES, cgroup_limit_bytes, memory_limit_bytes  # noqa: F401 (re-exported)
+from .hardware import memory_limit_bytes
 
 #: The measurements of ``bench/memory.py``: ``{"results": {chapter: {profile: {...}}}}``.
 #: the measured peaks (package data, written by ``bench/memory.py``)

@@ -93,7 +93,7 @@ def unloadable(path: Path) -> str | None:
             json.loads(path.read_text(encoding="utf-8"))
         else:
             torch.load(path, weights_only=True)
-    except Exception as error:  # noqa: BLE001 (any failure to load means: rebuild)
+    except Exception as error:  # any failure to load means: rebuild
         return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
     return None
 
@@ -110,9 +110,10 @@ KEY_FILE = "conversion.json"
 
 def conversion_key(gguf: Path) -> dict[str, object]:
     """What the converted copy depends on: the wheel and a hash of its GGUF file, the source of this
-    module and the package and library versions (:func:`~grpo_course.fingerprint.code_fingerprint`)."""
+    module and of the modules it imports, and the package and library versions
+    (:func:`~grpo_course.fingerprint.code_fingerprint`)."""
     return {"wheel": BUNDLED_WHEEL, "gguf": file_hash(gguf),
-            "code": code_fingerprint("grpo_course.models")}
+            "code": code_fingerprint(__name__)}
 
 
 def _stored_key(folder: Path) -> object:

@@ -11,7 +11,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from .runs import read_metrics, read_run_config  # noqa: F401 (read_metrics: chapters import it here too)
+import numpy as np
+import pandas as pd
+
+from .runs import read_metrics, read_run_config
 
 
 class Shown(str):
@@ -59,7 +62,6 @@ def glue(name: str, value: Any, fmt: str = "", display: bool = False) -> None:
 def glued_values():
     """The glued values, one row each: where MyST is not rendered (Colab; Jupyter without
     jupyterlab-myst) each chapter's last cell, hidden in the built book, shows them with this."""
-    import pandas as pd
 
     return pd.DataFrame({"value": {k: str(v) for k, v in glued.items()}}).rename_axis("glue name")
 
@@ -113,7 +115,6 @@ def plot_band(ax, xs: Sequence[float], ys: Sequence[float], window: int = 5,
               label: str | None = None, color: str | None = None) -> None:
     """Raw values faint, their trailing moving average, and a band of +- one trailing
     standard deviation around it (how noisy a single step is)."""
-    import numpy as np
 
     ys = [float("nan") if y is None else float(y) for y in ys]
     mean = smooth(ys, window)

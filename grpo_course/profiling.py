@@ -26,9 +26,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import psutil
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from .hardware import available_cores, native_bf16, rss_bytes
 from .memory import free_memory
@@ -243,7 +245,6 @@ def top_ops(fn: Callable[[], Any], row_limit: int = 15,
     (of all self time). With ``trace_path`` also writes a Chrome trace (open it in
     ``chrome://tracing`` or https://ui.perfetto.dev).
     """
-    from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
@@ -357,7 +358,6 @@ def training_point(n_params: int, tokens: int, seconds: float, flops_per_param: 
 def plot_roofline(limits: Limits, points: list[RooflinePoint], ax=None):
     """Log-log roofline: the bandwidth slope, the matmul ceiling, and the points."""
     import matplotlib.pyplot as plt
-    import numpy as np
 
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))

@@ -38,14 +38,12 @@ from safetensors.torch import save_file
 from .atomic import atomic_write
 from .attribution import held_out_rewards, paired_mcnemar
 from .errors import CourseError, OneLineArgumentParser, report
-from .hardware import cpu_features as cpu_int8_features  # noqa: F401 (chapter 6)
 from .hardware import (
-    describe_cpu,  # noqa: F401 (chapter 6 calls Q.describe_cpu)
     rss_bytes,
 )
 from .models import (
     _prepare,
-    quiet_torchao,  # noqa: F401 (chapter 6 calls Q.quiet_torchao)
+    quiet_torchao,
     set_threads,
 )
 from .sampling import has_plain_linear_weights, sample_completions

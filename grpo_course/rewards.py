@@ -22,15 +22,13 @@ from decimal import Decimal, InvalidOperation
 from functools import cache
 from typing import Any
 
-from grpo_course.answers import (  # noqa: F401
+from grpo_course.answers import (
     HASH_FORMAT,
-    TAG_FORMAT,
     AnswerFormat,
     answer_slot,
     answers_match,
     extract_answer,
     normalize_number,
-    parse_answer,
 )
 from grpo_course.arithmetic import EQUATION, equation_is_right
 from grpo_course.data import solution_results
@@ -140,7 +138,7 @@ def _safe(score: Callable[[str], float], texts: Iterable[Any], fallback: float) 
     for completion in texts:
         try:
             value = float(score(completion_text(completion)))
-        except Exception:  # noqa: BLE001 - rewards never raise on text
+        except Exception:  # rewards never raise on text
             value = fallback
         out.append(value if math.isfinite(value) else fallback)
     return out

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import yaml
 
 from .atomic import write_text_atomic
@@ -92,7 +93,6 @@ def write_run(folder: str | os.PathLike, config: GRPOConfig, rows: Iterable[dict
 def list_runs(root: str | os.PathLike):
     """A table of the run folders under ``root`` (any depth), newest first: what trained each, on
     which profile, how many GRPO steps, and the last step's reward, correctness and length."""
-    import pandas as pd
 
 
     root = Path(root)

@@ -441,6 +441,52 @@ class _HFDecoder:
         return out.logits[:, -1]
 
 
+def _decode_into(decoder, dtype, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G: int,
+                 out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], temperature: float,
+                 top_p: float, generator, eos: torch.Tensor, pad_id: int):
+    """Prefill the prompts, then pick and decode one token per step into ``out`` (the chosen
+    tokens, their sampling log-probs and the live mask, ``[B, max_new_tokens]``) until every row
+    reached an EOS or the budget. Returns the last step, the original row of each row still
+    decoding and whether it was still alive (cut at the budget)."""
+    tokens_out, logps_out, live_out = out
+    B, max_new_tokens = tokens_out.shape
+    Lp = prompt_ids.shape[1]
+    decoder.allocate(B, Lp + max_new_tokens, dtype)
+
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = decoder.prefill(prompt_ids, prompt_mask, positions, G)
+    keep = torch.zeros(B, Lp + max_new_tokens, dtype=torch.bool)
+    keep[:, :Lp] = prompt_mask.bool().repeat_interleave(G, 0)
+    next_pos = positions[:, -1].repeat_interleave(G, 0) + 1
+
+    # Rows that reached EOS leave the batch (``rows``: the original row of each decoding row)
+    # once a quarter of it has finished: the steps after that multiply smaller matrices.
+    rows = torch.arange(B)
+    alive = torch.ones(B, dtype=torch.bool)
+    for step in range(max_new_tokens):
+        # one uniform number per original row and step, decoding or not: the draws, hence
+        # the samples, do not depend on when rows left the batch
+        uniform = torch.rand(B, 1, generator=generator)[rows] if temperature > 0 else None
+        tokens, logps = _choose(logits, temperature, top_p, uniform)
+        tokens = torch.where(alive, tokens, torch.full_like(tokens, pad_id))
+        tokens_out[rows, step] = tokens
+        logps_out[rows, step] = torch.where(alive, logps, torch.zeros_like(logps))
+        live_out[rows, step] = alive.long()
+        alive = alive & ~torch.isin(tokens, eos)
+        if not alive.any() or step == max_new_tokens - 1:
+            break
+        if hasattr(decoder, "select") and int(alive.sum()) <= 0.75 * len(rows):
+            idx = alive.nonzero().squeeze(1)
+            decoder.select(idx)
+            rows, alive, tokens = rows[idx], alive[idx], tokens[idx]
+            keep, next_pos = keep[idx], next_pos[idx]
+        slot = Lp + step
+        keep[:, slot] = True
+        logits = decoder.decode(tokens, next_pos, keep[:, :slot + 1], slot)
+        next_pos = next_pos + 1
+    return step, rows, alive
+
+
 @torch.no_grad()
 def sample_completions(model, tokenizer, prompts: list[str], num_generations: int = 1,
                        max_new_tokens: int = 128, temperature: float = 1.0,
@@ -462,10 +508,9 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
     prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]
     eos = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0])
-    G, (P, Lp) = num_generations, prompt_ids.shape
-    B = P * G
     use_fast = supports_fast_path(_base(model)) if fast is None else fast
     dtype = sampler_dtype(model, sampling_dtype, use_fast)
+    B = len(prompts) * num_generations
     tokens_out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long)
     logps_out = torch.zeros(B, max_new_tokens)
     live_out = torch.zeros(B, max_new_tokens, dtype=torch.long)
@@ -474,39 +519,9 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
     # training pass may save for its backward pass (an inference tensor may not be)
     with torch.inference_mode():
         decoder = FastLlama(model, dtype) if use_fast else _HFDecoder(model)
-        decoder.allocate(B, Lp + max_new_tokens, dtype)
-
-        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = decoder.prefill(prompt_ids, prompt_mask, positions, G)
-        keep = torch.zeros(B, Lp + max_new_tokens, dtype=torch.bool)
-        keep[:, :Lp] = prompt_mask.bool().repeat_interleave(G, 0)
-        next_pos = positions[:, -1].repeat_interleave(G, 0) + 1
-
-        # Rows that reached EOS leave the batch (``rows``: the original row of each decoding row)
-        # once a quarter of it has finished: the steps after that multiply smaller matrices.
-        rows = torch.arange(B)
-        alive = torch.ones(B, dtype=torch.bool)
-        for step in range(max_new_tokens):
-            # one uniform number per original row and step, decoding or not: the draws, hence
-            # the samples, do not depend on when rows left the batch
-            uniform = torch.rand(B, 1, generator=generator)[rows] if temperature > 0 else None
-            tokens, logps = _choose(logits, temperature, top_p, uniform)
-            tokens = torch.where(alive, tokens, torch.full_like(tokens, pad_id))
-            tokens_out[rows, step] = tokens
-            logps_out[rows, step] = torch.where(alive, logps, torch.zeros_like(logps))
-            live_out[rows, step] = alive.long()
-            alive = alive & ~torch.isin(tokens, eos)
-            if not alive.any() or step == max_new_tokens - 1:
-                break
-            if hasattr(decoder, "select") and int(alive.sum()) <= 0.75 * len(rows):
-                idx = alive.nonzero().squeeze(1)
-                decoder.select(idx)
-                rows, alive, tokens = rows[idx], alive[idx], tokens[idx]
-                keep, next_pos = keep[idx], next_pos[idx]
-            slot = Lp + step
-            keep[:, slot] = True
-            logits = decoder.decode(tokens, next_pos, keep[:, :slot + 1], slot)
-            next_pos = next_pos + 1
+        step, rows, alive = _decode_into(decoder, dtype, prompt_ids, prompt_mask, num_generations,
+                                         (tokens_out, logps_out, live_out), temperature, top_p,
+                                         generator, eos, pad_id)
     T = step + 1
     truncated = torch.zeros(B, dtype=torch.bool)
     truncated[rows] = alive

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from .atomic import atomic_write
@@ -352,7 +353,6 @@ class CourseTrainer:
         steps = self.config.sft_steps if steps is None else steps
         if self.sft_done >= steps:
             return []
-        from torch.nn.attention import SDPBackend, sdpa_kernel
         if self.sft_optimizer is None:
             self.sft_optimizer = self._make_sft_optimizer()
         optimizer = self.sft_optimizer

@@ -40,6 +40,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from grpo_course.cli import RunArguments
 from grpo_course.config import ConfigError, GRPOConfig
 from grpo_course.memory import trim_heap
@@ -458,7 +460,6 @@ def vllm_overrides(mode: str | None) -> dict[str, Any]:
     if mode not in VLLM_MODES:
         raise ConfigError(f"--vllm_mode {mode!r}: choose one of {', '.join(VLLM_MODES)}")
 
-    import torch
     if not torch.cuda.is_available():
         raise ConfigError(f"--vllm_mode {mode}: vLLM generation needs a CUDA GPU; this machine has none")
     if importlib.util.find_spec("vllm") is None:
@@ -469,7 +470,6 @@ def vllm_overrides(mode: str | None) -> dict[str, Any]:
 def device_overrides() -> dict[str, Any]:
     """On a CUDA machine, TRL's own device and precision (GPU, bf16 where the GPU has it) instead
     of the CPU settings of :data:`FIXED_TRL_FIELDS`; nothing on a CPU."""
-    import torch
 
     if not torch.cuda.is_available():
         return {}
@@ -531,6 +531,23 @@ def launch(command: Sequence[str], cwd: str | os.PathLike | None = None) -> dict
         return json.loads(stdout.read().strip().splitlines()[-1])
 
 
+def process_overrides(cfg: GRPOConfig, args, world: int) -> dict[str, Any]:
+    """The ``GRPOConfig`` arguments of this process: the device's and vLLM's settings, and its
+    share of each step's completions in micro-batches of ``--micro_batch`` (gradient
+    accumulation over them gives the same step)."""
+    overrides: dict[str, Any] = {**device_overrides(), **vllm_overrides(args.vllm_mode)}
+    share = per_device_batch(cfg, world)
+    micro = args.micro_batch or share
+    if micro < 1 or share % micro:
+        raise ConfigError(f"--micro_batch {args.micro_batch} must divide this process's "
+                          f"{share} completions per step")
+    overrides["per_device_train_batch_size"] = micro
+    overrides["gradient_accumulation_steps"] = share // micro
+    overrides["disable_tqdm"] = False                # TRL's progress bar (the main process's)
+    overrides["ddp_find_unused_parameters"] = False  # LoRA: every trainable weight gets a gradient
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m grpo_course.trl_bridge``: train with ``trl.GRPOTrainer`` from the course config.
 
@@ -538,24 +555,11 @@ def main(argv: list[str] | None = None) -> int:
     ``--config``), plus ``--warm_start`` and ``--vllm_mode``. Under ``accelerate launch
     --num_processes N`` it trains data-parallel (gloo on a CPU): each process takes its share of
     the cores and of each step's completions. Ends with one JSON line (rank 0)."""
-
-    import torch
-
-
     rank, local_rank, world = distributed_world()
     try:
         args, cfg, profile = parse_train_args(argv, TRLRunArguments, "python -m grpo_course.trl_bridge")
         out = run_folder(args.out)
-        overrides: dict[str, Any] = {**device_overrides(), **vllm_overrides(args.vllm_mode)}
-        share = per_device_batch(cfg, world)
-        micro = args.micro_batch or share
-        if micro < 1 or share % micro:
-            raise ConfigError(f"--micro_batch {args.micro_batch} must divide this process's "
-                              f"{share} completions per step")
-        overrides["per_device_train_batch_size"] = micro
-        overrides["gradient_accumulation_steps"] = share // micro
-        overrides["disable_tqdm"] = False                # TRL's progress bar (the main process's)
-        overrides["ddp_find_unused_parameters"] = False  # LoRA: every trainable weight gets a gradient
+        overrides = process_overrides(cfg, args, world)
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         threads = set_threads(share_cores(local_rank, local_world))   # its own cores, one thread each
         quiet_loading()
@@ -563,7 +567,6 @@ def main(argv: list[str] | None = None) -> int:
                                     offset=cfg.train_offset)
         if args.warm_start:
             from accelerate import PartialState
-
 
             # the main process trains the warm start once (or finds it cached); the others wait
             with PartialState(cpu=overrides.get("use_cpu", True)).main_process_first():

@@ -5,9 +5,9 @@ model nearly every group ties). :func:`warm_start` trains the supervised warm-up
 :class:`~grpo_course.config.GRPOConfig` once and keeps the adapter under
 ``cache_dir()/warm_start/<fingerprint>``, keyed by everything that changes its weights (model,
 SFT sizes and learning rate, LoRA shape, seed, data, the warm-up's resolved precision, and the
-code that trains it: :data:`WARM_MODULES`' source and the library versions, see
-:mod:`grpo_course.fingerprint`), so any chapter opened first pays for it once and the others
-load it in a second.
+code that trains it: this module's source and that of every package module it imports, and the
+library versions, see :mod:`grpo_course.fingerprint`), so any chapter opened first pays for it
+once and the others load it in a second.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from .memory import free_memory
 from .models import cache_dir, load_model, runs_dir, unloadable
 from .runs import load_run_config
 from .sampling import resolve_sampling_dtype
-from .train import (  # noqa: F401 (STATE_FILE, load_adapter_state: chapters import them here)
+from .train import (
     STATE_FILE,
     CourseTrainer,
     add_lora,
@@ -36,13 +36,6 @@ from .train import (  # noqa: F401 (STATE_FILE, load_adapter_state: chapters imp
 WARM_FIELDS = ("model", "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_dtype",
                "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "max_grad_norm",
                "seed", "train_offset")
-#: the modules whose code decides the warm start's weights (the SFT loop, its log-probs, its
-#: precision, the prompts and targets it trains on, the model loading)
-WARM_MODULES = ("grpo_course.train", "grpo_course.grpo", "grpo_course.precision",
-                "grpo_course.data", "grpo_course.models", "grpo_course.warmstart")
-#: ... and those that decide a GRPO policy's weights on top (its sampler and its rewards)
-POLICY_MODULES = (*WARM_MODULES, "grpo_course.sampling", "grpo_course.rewards",
-                  "grpo_course.answers", "grpo_course.arithmetic")
 
 
 def warm_start_key(config, train_dataset) -> str:
@@ -52,7 +45,7 @@ def warm_start_key(config, train_dataset) -> str:
     recipe["sft_dtype"] = str(resolve_sampling_dtype(config.sft_dtype) or "float32")
     recipe["lora_target_modules"] = list(recipe["lora_target_modules"])
     recipe["data"] = data_hash(train_dataset)
-    recipe["code"] = code_fingerprint(*WARM_MODULES)
+    recipe["code"] = code_fingerprint(__name__)      # this module and every module it imports
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -133,7 +126,7 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
 
     # the warm start's key (its recipe, data and code), every field of the GRPO recipe and the
     # code that trains it
-    recipe = json.dumps({"config": config_to_dict(config), "code": code_fingerprint(*POLICY_MODULES)},
+    recipe = json.dumps({"config": config_to_dict(config), "code": code_fingerprint(__name__)},
                         sort_keys=True, default=str)
     key = f"{warm_start_key(config, train_dataset)}-{hashlib.sha256(recipe.encode()).hexdigest()[:20]}"
     folder = runs_dir(profile.name) / POLICY_DIR

@@ -1,5 +1,5 @@
 """Shared fixtures: a temporary GSM8K folder of the rows in :mod:`tests.helpers`, the real one,
-the bundled model's tokenizer; and the ``needs_model`` mark on every test that reads the converted
+the bundled model's tokenizer, a fake GGUF conversion (``fake_gguf``); and the ``needs_model`` mark on every test that reads the converted
 model (``pytest -m "not needs_model"`` runs without it)."""
 from __future__ import annotations
 
@@ -55,3 +55,26 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("slow") or "bundled_tokenizer" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.needs_model)
+
+
+@pytest.fixture
+def fake_gguf(monkeypatch, tmp_path):
+    """Replace the GGUF conversion by a tiny model, in a fresh cache, so the model cache's logic is
+    tested in milliseconds. Returns a state: set ``["fail"] = True`` and the next tokenizer save
+    is interrupted (a Ctrl-C while the converted copy is written)."""
+    import transformers
+
+    from grpo_course import models
+    from tests.helpers import FakeTokenizer, tiny_llama
+
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "pkg" / models.GGUF_FILE
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(models, "bundled_gguf_path", lambda: gguf)
+    state = {"fail": False}
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda *a, **k: FakeTokenizer(state["fail"]))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: tiny_llama())
+    return state

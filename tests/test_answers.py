@@ -26,7 +26,7 @@ def test_one_rule_for_evaluation_and_rewards(predicted, gold, same):
     assert answers_match(predicted, gold) is same
     assert evaluate.answers_match is answers_match
     if gold is not None and predicted is not None:
-        exact = rewards.answer_tier(rewards.parse_answer(predicted), gold) == rewards.EXACT_REWARD
+        exact = rewards.answer_tier(answers.parse_answer(predicted), gold) == rewards.EXACT_REWARD
         assert exact is same
         assert rewards.is_correct(f"work\n#### {predicted}", gold) is same
 

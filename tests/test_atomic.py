@@ -197,25 +197,12 @@ def test_save_model_interrupted_keeps_the_old_model_not_a_mix(tmp_path, monkeypa
     assert snapshot(out) == before and siblings(out) == ["run"]
 
 
-def test_model_cache_write_interrupted_keeps_the_old_cache(tmp_path, monkeypatch):
-    import transformers
-
+def test_model_cache_write_interrupted_keeps_the_old_cache(fake_gguf, tmp_path):
     from grpo_course import models
-    from tests.helpers import FakeTokenizer
 
-    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
-    gguf = tmp_path / "pkg" / models.GGUF_FILE
-    gguf.parent.mkdir()
-    gguf.write_bytes(b"GGUF")
-    monkeypatch.setattr(models, "bundled_gguf_path", lambda: gguf)
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
-                        lambda *a, **k: tiny_llama())
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
-                        lambda *a, **k: FakeTokenizer(False))
     target = models.bundled_model_dir()
     before = snapshot(target)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
-                        lambda *a, **k: FakeTokenizer(True))     # Ctrl-C while saving
+    fake_gguf["fail"] = True                                        # Ctrl-C while saving
     with pytest.raises(KeyboardInterrupt):
         models.bundled_model_dir(refresh=True)
     assert snapshot(target) == before and siblings(target) == [models.BUNDLED_NAME]

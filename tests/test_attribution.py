@@ -14,12 +14,12 @@ from grpo_course.attribution import (
     failed_bars,
     farming_checks,
     held_out_rewards,
-    paired_difference,
     phase_changes,
     recipe_rows,
     solved_overlap,
 )
 from grpo_course.evaluate import EvalResult
+from grpo_course.stats import paired_difference
 
 ROWS = [
     {"idx": 0, "question": "Tom has 12 apples and buys 30 more. How many apples does he have?",

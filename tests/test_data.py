@@ -2,14 +2,13 @@ import json
 
 import pytest
 
+from grpo_course.answers import extract_hash_answer, normalize_number
 from grpo_course.data import (
     DataError,
     count_steps,
     difficulty,
-    extract_hash_answer,
     last_number,
     load_gsm8k,
-    normalize_number,
     parse_row,
     read_jsonl,
 )

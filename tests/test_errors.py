@@ -109,7 +109,7 @@ EVAL = ["--n", "2", "--max-new-tokens", "2", "--json"]
 def test_evaluate_bad_options(args, values, tmp_path, capsys, monkeypatch):
     from grpo_course import evaluate
     monkeypatch.setattr(evaluate, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
-    fill = lambda s: s.replace("{tmp}", str(tmp_path))   # noqa: E731
+    fill = lambda s: s.replace("{tmp}", str(tmp_path))
     with pytest.raises(SystemExit) as exit_:
         evaluate.main([*EVAL, *map(fill, args)])
     assert exit_.value.code == 2
@@ -281,7 +281,7 @@ def test_train_names_the_broken_reward_function(reward, values, folders, tmp_pat
     from grpo_course import train
     monkeypatch.setenv("GSM8K_DIR", str(folders["good"]))
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
-    fine = lambda completions, **kw: [0.0] * len(completions)   # noqa: E731
+    fine = lambda completions, **kw: [0.0] * len(completions)
     monkeypatch.setattr(train, "_default_rewards", lambda weights: {n: fine for n in weights}
                         | {"broken": reward})
     monkeypatch.setattr("grpo_course.train.load_model",
@@ -345,7 +345,7 @@ def test_quantize_corrupt_variant_description(tmp_path, capsys):
     ("headroom", ["--out", "{tmp}"], ["--out", "{tmp}"]),
 ])
 def test_bench_bad_options(script, args, values, tmp_path, capsys):
-    fill = lambda s: s.replace("{tmp}", str(tmp_path))   # noqa: E731
+    fill = lambda s: s.replace("{tmp}", str(tmp_path))
     with pytest.raises(SystemExit) as exit_:
         _bench(script).main(list(map(fill, args)))
     assert exit_.value.code == 2

@@ -6,7 +6,9 @@ import sys
 import pytest
 import torch
 
-from grpo_course.evaluate import EvalResult, answers_match, main, wilson_interval
+from grpo_course.answers import answers_match
+from grpo_course.evaluate import EvalResult, main
+from grpo_course.stats import wilson_interval
 
 
 def test_answers_match():
@@ -128,7 +130,7 @@ def test_evaluate_model_fast_false_decodes_on_transformers(gsm8k_dir, tmp_path, 
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
     model, tok = tiny_model(), tiny_tokenizer()
     rows = load_gsm8k("test", data_dir=gsm8k_dir, limit=3)
-    run = lambda fast: evaluate_model(model, tok, rows, batch_size=2, max_new_tokens=6,  # noqa: E731
+    run = lambda fast: evaluate_model(model, tok, rows, batch_size=2, max_new_tokens=6,
                                       progress=False, cache=True, sampling_dtype="float32", fast=fast)
     compact = run(None)
     built = []
@@ -143,7 +145,7 @@ def test_evaluate_model_fast_false_decodes_on_transformers(gsm8k_dir, tmp_path, 
 
 def test_attribution_table_rows():
     from grpo_course.evaluate import attribution_table
-    rec = lambda ok, fmt, d, t: {"difficulty": d, "correct": ok, "formatted": fmt,   # noqa: E731
+    rec = lambda ok, fmt, d, t: {"difficulty": d, "correct": ok, "formatted": fmt,
                                  "completion_tokens": t, "consistent": ok}
     a = EvalResult.from_records([rec(False, False, "basic", 200), rec(True, True, "advanced", 50)])
     b = EvalResult.from_records([rec(True, True, "basic", 40), rec(True, True, "advanced", 60)])

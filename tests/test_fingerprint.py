@@ -27,8 +27,48 @@ def edited(module_name: str, tmp_path, monkeypatch) -> None:
 @pytest.fixture(autouse=True)
 def fresh_hashes():
     fingerprint.source_hash.cache_clear()
+    fingerprint.package_imports.cache_clear()
     yield
     fingerprint.source_hash.cache_clear()
+    fingerprint.package_imports.cache_clear()
+
+
+def test_a_key_follows_the_imports_so_a_new_import_cannot_escape_it(tmp_path, monkeypatch):
+    """The module set of a key is read from the import statements: editing a module the producer
+    does not import leaves its key alone; once an import reaches that module, its edits count."""
+    pkg = tmp_path / "keypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "producer.py").write_text("from .helper import f\n")
+    (pkg / "helper.py").write_text("def f():\n    from keypkg import deep\n    return deep.g()\n")
+    (pkg / "deep.py").write_text("def g():\n    return 1\n")
+    (pkg / "later.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def key() -> str:
+        fingerprint.source_hash.cache_clear()
+        fingerprint.package_imports.cache_clear()
+        return fingerprint.code_fingerprint("keypkg.producer")["source"]
+
+    assert fingerprint.package_imports("keypkg.producer") == \
+        ("keypkg", "keypkg.deep", "keypkg.helper", "keypkg.producer")   # a function's import counts
+    before = key()
+    (pkg / "later.py").write_text("X = 2\n")
+    assert key() == before                                   # not imported: not in the key
+    (pkg / "deep.py").write_text("from . import later\n\ndef g():\n    return later.X\n")
+    with_import = key()
+    assert with_import != before and "keypkg.later" in fingerprint.package_imports("keypkg.producer")
+    (pkg / "later.py").write_text("X = 3\n")
+    assert key() != with_import                              # imported now: its edits count
+
+
+def test_the_course_keys_cover_what_their_producers_import():
+    """Before: the evaluation key named its modules by hand and left out models, grpo and train."""
+    evaluation = fingerprint.package_imports("grpo_course.evaluate")
+    assert {"grpo_course.models", "grpo_course.grpo", "grpo_course.train", "grpo_course.sampling",
+            "grpo_course.answers"} <= set(evaluation)
+    assert {"grpo_course.train", "grpo_course.sampling", "grpo_course.rewards",
+            "grpo_course.precision"} <= set(fingerprint.package_imports("grpo_course.warmstart"))
 
 
 def test_code_fingerprint_names_version_source_and_libraries():

@@ -341,7 +341,8 @@ def test_sft_warmup_lowers_loss():
 
 
 def test_frozen_linear_weights_cast_once_and_restored_bit_for_bit():
-    from grpo_course.train import add_lora, frozen_linear_weights_as
+    from grpo_course.precision import frozen_linear_weights_as
+    from grpo_course.train import add_lora
     model = add_lora(tiny_model(), GRPOConfig(lora_target_modules=("q_proj", "v_proj")))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     base_q = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight

@@ -38,10 +38,9 @@ def test_native_bf16_is_avx512_bf16_or_amx(fake_cpu, flags, torch_bf16, torch_am
 def test_chapter6_and_the_sampler_agree_on_an_amx_only_cpu(fake_cpu):
     """Before: chapter 6 said "native bf16: no" (it read AVX512-BF16 only) while the sampler
     picked bf16 (it also counted AMX)."""
-    from grpo_course import quantize as Q
     fake_cpu(flags=("amx_tile",))
     assert resolve_sampling_dtype("auto") is torch.bfloat16
-    assert "native bf16: yes" in Q.describe_cpu(Q.cpu_int8_features())
+    assert "native bf16: yes" in hardware.describe_cpu(hardware.cpu_features())
 
 
 def test_cpu_flags_come_from_proc_cpuinfo():

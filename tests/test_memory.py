@@ -16,13 +16,13 @@ def test_cgroup_limit_reads_v2_and_v1_and_ignores_no_limit(tmp_path):
     v2, v1 = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
     v2.write_text("max\n")
     v1.write_text("9223372036854771712\n")               # cgroup v1's "no limit"
-    assert memory.cgroup_limit_bytes((str(v2), str(v1))) is None
+    assert hardware.cgroup_limit_bytes((str(v2), str(v1))) is None
     v1.write_text("2147483648\n")
-    assert memory.cgroup_limit_bytes((str(v2), str(v1))) == 2 * 2**30
+    assert hardware.cgroup_limit_bytes((str(v2), str(v1))) == 2 * 2**30
     v2.write_text("1073741824\n")
-    assert memory.cgroup_limit_bytes((str(v2), str(v1))) == 2**30
-    assert memory.cgroup_limit_bytes((str(tmp_path / "absent"),)) is None
-    assert 0 < memory.memory_limit_bytes()
+    assert hardware.cgroup_limit_bytes((str(v2), str(v1))) == 2**30
+    assert hardware.cgroup_limit_bytes((str(tmp_path / "absent"),)) is None
+    assert 0 < hardware.memory_limit_bytes()
 
 
 def test_tree_rss_counts_a_child_process():

@@ -7,23 +7,6 @@ import transformers
 
 from grpo_course import models
 from grpo_course.models import ModelError, bundled_model_dir, load_model, set_threads
-from tests.helpers import FakeTokenizer, tiny_llama
-
-
-@pytest.fixture
-def fake_gguf(monkeypatch, tmp_path):
-    """Replace the GGUF conversion by a tiny model so the cache logic is tested in milliseconds."""
-    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
-    gguf = tmp_path / "pkg" / models.GGUF_FILE
-    gguf.parent.mkdir()
-    gguf.write_bytes(b"GGUF")
-    monkeypatch.setattr(models, "bundled_gguf_path", lambda: gguf)
-    state = {"fail": False}
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
-                        lambda *a, **k: FakeTokenizer(state["fail"]))
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
-                        lambda *a, **k: tiny_llama())
-    return state
 
 
 def test_interrupted_first_load_leaves_no_cache(fake_gguf, tmp_path):

@@ -9,16 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo_course import rewards as R
+from grpo_course.answers import HASH_FORMAT, TAG_FORMAT, AnswerFormat, extract_answer, normalize_number
 from grpo_course.rewards import (
-    HASH_FORMAT,
     REWARD_FUNCTIONS,
-    TAG_FORMAT,
-    AnswerFormat,
     answer_tier,
     combined,
     correctness,
     exact_format,
-    extract_answer,
     format_regex,
     heuristic,
     number_extraction,
@@ -230,7 +227,7 @@ def test_parsers_never_raise(text, fmt):
                                     allow_infinity=False).map(str)))
 def test_rendered_answers_are_correct(reasoning, number):
     text = HASH_FORMAT.render(reasoning, number)
-    gold = R.normalize_number(number)
+    gold = normalize_number(number)
     assert correctness([text], answer=[gold]) == [3.0]
     assert number_extraction([text]) == [1.5]
 

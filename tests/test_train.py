@@ -51,7 +51,7 @@ def test_dynamic_sampling_fills_the_step_with_informative_groups():
 
 
 def test_dynamic_sampling_stops_at_its_round_cap():
-    always_tied = lambda completions, **kw: [1.0] * len(completions)     # noqa: E731
+    always_tied = lambda completions, **kw: [1.0] * len(completions)
     trainer = _trainer(reward=always_tied, dynamic_sampling=True, max_sampling_rounds=3)
     row = trainer.step()
     assert row["sampling_rounds"] == 3 and row["prompts_sampled"] == 6
@@ -88,7 +88,7 @@ def test_an_unknown_filter_reward_is_one_clear_error():
 
 
 def test_a_wide_round_with_no_informative_group_trains_on_nothing():
-    always_tied = lambda completions, **kw: [1.0] * len(completions)     # noqa: E731
+    always_tied = lambda completions, **kw: [1.0] * len(completions)
     trainer = _trainer(reward=always_tied, dynamic_sampling=True, max_sampling_rounds=2,
                        generation_batch_size=8)
     row = trainer.step()
@@ -163,7 +163,7 @@ def test_num_iterations_reuses_the_batch_and_the_ratio_leaves_one():
     one = _trainer(learning_rate=5e-2)
     two = _trainer(learning_rate=5e-2, num_iterations=2, epsilon_low=0.01, epsilon_high=0.01)
     r1, r2 = one.step(), two.step()
-    steps = lambda t: {int(s["step"]) for s in t.optimizer.state_dict()["state"].values()}  # noqa: E731
+    steps = lambda t: {int(s["step"]) for s in t.optimizer.state_dict()["state"].values()}
     assert steps(one) == {1} and steps(two) == {2}       # two AdamW updates on one batch
     assert r1["clip_ratio/region_mean"] == 0.0            # ratio 1 on the first update
     assert r2["clip_ratio/region_mean"] > 0.0             # the second update's ratio moved
@@ -193,7 +193,7 @@ def test_bf16_training_pass_matches_fp32_within_tolerance():
         trainer = _trainer(train_dtype=dtype)
         batch, rewards, _ = trainer.generate_and_score(trainer._rows(0, 2))
         from grpo_course.grpo import group_advantages, grpo_loss
-        from grpo_course.train import frozen_linear_weights_as
+        from grpo_course.precision import frozen_linear_weights_as
         adv = group_advantages(rewards, 2)
         bf16 = dtype == "bfloat16"
         with frozen_linear_weights_as(trainer.model, torch.bfloat16 if bf16 else None), \
@@ -242,8 +242,8 @@ def test_gradient_checkpointing_takes_the_same_step():
 def test_fork_shares_frozen_weights_and_trains_on_its_own():
     trainer = _trainer()
     fork = trainer.fork()
-    frozen = lambda t: [p for p in t.model.parameters() if not p.requires_grad]   # noqa: E731
-    lora = lambda t: [p for p in t.model.parameters() if p.requires_grad]         # noqa: E731
+    frozen = lambda t: [p for p in t.model.parameters() if not p.requires_grad]
+    lora = lambda t: [p for p in t.model.parameters() if p.requires_grad]
     assert all(a is b for a, b in zip(frozen(trainer), frozen(fork), strict=False))             # shared, not copied
     assert all(a is not b and torch.equal(a, b) for a, b in zip(lora(trainer), lora(fork), strict=False))
     before = [p.detach().clone() for p in lora(trainer)]

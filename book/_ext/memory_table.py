@@ -8,6 +8,7 @@ on. Without the file the page says that nothing was measured and the build warns
 from __future__ import annotations
 
 import json
+
 from docutils import nodes
 from docutils.parsers.rst import Directive
 
@@ -32,7 +33,8 @@ class MemoryTable(Directive):
     has_content = False
 
     def run(self):
-        from grpo_course.memory import CHAPTER_LIMIT_MIB, MEMORY_FILE as path
+        from grpo_course.memory import CHAPTER_LIMIT_MIB
+        from grpo_course.memory import MEMORY_FILE as path
 
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

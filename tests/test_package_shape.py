@@ -1,0 +1,137 @@
+"""The package's shape (issue 58): one home per name, no import cycle, short functions, and the
+lint that keeps ``noqa`` comments honest. Read from the source with ``ast``: nothing is run."""
+from __future__ import annotations
+
+import ast
+import json
+import tomllib
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from grpo_course import fingerprint
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "grpo_course"
+MAX_FUNCTION_LINES = 60
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def defined_names(module: str) -> frozenset[str]:
+    """What ``module`` itself defines at its top level (functions, classes, assignments, also
+    under ``if``/``try``) and its submodules; not what it imports."""
+    path = ROOT / Path(*module.split("."))
+    source = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    names = {p.stem for p in path.glob("*.py")} if path.is_dir() else set()
+    todo = list(ast.parse(source.read_text(encoding="utf-8")).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in [t, *getattr(t, "elts", [])]
+                         if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                     *(s for h in getattr(node, "handlers", []) for s in h.body)]
+    return frozenset(names)
+
+
+def notebook_source(path: Path) -> str:
+    """A notebook's code cells as one module (shell and magic lines dropped)."""
+    cells = [c for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+    lines = [line for c in cells for line in "".join(c["source"]).splitlines()
+             if not line.lstrip().startswith(("!", "%"))]
+    return "\n".join(lines)
+
+
+def sources() -> list[tuple[str, ast.Module]]:
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").glob("*.py"), *(ROOT / "bench").glob("*.py"),
+             *(ROOT / "book").rglob("*.py")]
+    found = [(str(f.relative_to(ROOT)), ast.parse(f.read_text(encoding="utf-8"))) for f in files]
+    found += [(str(f.relative_to(ROOT)), ast.parse(notebook_source(f)))
+              for f in sorted((ROOT / "notebooks").glob("*.ipynb"))]
+    return found
+
+
+def borrowed_imports(tree: ast.Module, attributes: bool) -> list[str]:
+    """``from grpo_course.X import name`` where X does not define ``name`` (it only imports it),
+    and, with ``attributes``, ``M.name`` for a module alias ``M`` of the package."""
+    found, aliases = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] == "grpo_course":
+            for alias in node.names:
+                if alias.name not in defined_names(node.module):
+                    found.append(f"from {node.module} import {alias.name}")
+                elif node.module == "grpo_course":
+                    aliases[alias.asname or alias.name] = f"grpo_course.{alias.name}"
+        elif isinstance(node, ast.Import):
+            aliases.update({a.asname: a.name for a in node.names
+                            if a.asname and a.name.startswith("grpo_course.")})
+    if attributes:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in aliases \
+                    and node.attr not in defined_names(aliases[node.value.id]):
+                found.append(f"{aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_every_name_is_imported_from_its_home():
+    """Before: nine re-exports kept old homes alive, and the chapters imported names from both."""
+    borrowed = {where: names for where, tree in sources()
+                if (names := borrowed_imports(tree, attributes=not where.startswith("tests")))}
+    assert borrowed == {}
+
+
+def test_the_check_finds_a_borrowed_name():
+    tree = ast.parse("from grpo_course import quantize as Q\nfrom grpo_course.evaluate import "
+                     "wilson_interval\nQ.torch\nQ.quantize\n")
+    assert borrowed_imports(tree, attributes=True) == [
+        "from grpo_course.evaluate import wilson_interval", "grpo_course.quantize.torch"]
+
+
+def test_no_import_cycle_in_the_package():
+    modules = [module_name(p) for p in PACKAGE.glob("*.py") if p.stem != "__init__"]
+    graph = {m: fingerprint._direct_imports(m, "grpo_course") - {"grpo_course"} for m in modules}
+    cycles, state = [], {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for nxt in sorted(graph.get(module, ())):
+            if state.get(nxt) == "open":
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[module] = "done"
+    for module in sorted(modules):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_no_package_function_is_longer_than_the_limit():
+    long = [f"{p.name}:{n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for p in sorted(PACKAGE.rglob("*.py"))
+            for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert long == []
+
+
+@pytest.mark.parametrize("rule", ["RUF100"])
+def test_ruff_reports_stale_noqa_comments_and_lints_the_whole_tree(rule):
+    """A ``noqa`` for a rule that is off or never fires is itself an error; ``make lint`` checks
+    every folder, not four."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert rule in config["tool"]["ruff"]["lint"]["select"]
+    lint = (ROOT / "Makefile").read_text(encoding="utf-8").split("\nlint:")[1].split("\n\n")[0]
+    assert "ruff check .\n" in lint + "\n"
