@@ -29,19 +29,19 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from .answers import answers_match
+from .answers import answers_match, extract_hash_answer
 from .atomic import atomic_write
 from .data import (
     STRATA,
     chat_prompt,
-    extract_hash_answer,
     gold_starts,
     sft_text,
     start_prompt,
     work_lines,
 )
 from .errors import CourseError
-from .grpo import per_token_logps, uses_activation_checkpointing
+from .grpo import per_token_logps
+from .modeling import uses_activation_checkpointing
 from .runs import write_run
 from .sampling import sample_completions
 from .stats import mcnemar_test, paired_difference

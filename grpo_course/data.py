@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .answers import extract_hash_answer, normalize_number  # also importable from here (chapter 1)
+from .answers import extract_hash_answer, normalize_number
 from .errors import CourseError
 
 DATA_ENV = "GSM8K_DIR"
@@ -262,8 +262,13 @@ def start_prompt(row: dict[str, Any], tokenizer, system_prompt: str = SYSTEM_PRO
     return chat_prompt(row["question"], tokenizer, system_prompt) + (row.get("start") or "")
 
 
-def start_prompts(rows: dict[str, list], tokenizer, system_prompt: str = SYSTEM_PROMPT) -> list[str]:
-    """:func:`start_prompt` of each row of a column batch (``{"question": [...], ...}``)."""
+def start_prompts(rows: dict[str, list], tokenizer, system_prompt: str = SYSTEM_PROMPT,
+                  lines_left: int | None = None) -> list[str]:
+    """:func:`start_prompt` of each row of a column batch (``{"question": [...], ...}``): each
+    chat prompt, continued by the row's ``start`` column where the batch has one, else by the
+    gold start of ``lines_left`` (a problem with that many lines or fewer starts whole)."""
+    if lines_left is not None and "start" not in rows:
+        rows = {**rows, "start": [gold_start(sol, lines_left) or "" for sol in rows["solution"]]}
     starts = rows.get("start") or [""] * len(rows["question"])
     return [start_prompt({"question": q, "start": s}, tokenizer, system_prompt)
             for q, s in zip(rows["question"], starts, strict=True)]
@@ -276,3 +281,24 @@ def sft_text(question: str, solution: str, tokenizer,
     work = strip_calculations(solution)
     end = tokenizer.eos_token or ""
     return chat_prompt(question, tokenizer, system_prompt), work + end
+
+
+def prompt_order(dataset, shuffled: list[int], how: str) -> list[int]:
+    """GRPO's prompt order over ``dataset``: ``"random"``, the ``shuffled`` row numbers;
+    ``"easy_first"``, the same shuffle sorted by difficulty stratum, basic first (a stable sort
+    keeps the shuffle within a stratum); ``"sequential"``, the data set's own order, as TRL's
+    ``shuffle_dataset=False`` (chapter 4: the two trainers then draw the same prompts)."""
+    if how == "random":
+        return shuffled
+    if how == "sequential":
+        return list(range(len(dataset)))
+    column = dataset["difficulty"] if hasattr(dataset, "column_names") else \
+        [r["difficulty"] for r in dataset]
+    rank = {s: k for k, s in enumerate(STRATA)}
+    return sorted(shuffled, key=lambda i: rank.get(column[i], len(STRATA)))
+
+
+def select_columns(dataset, ids: list[int]) -> dict[str, list]:
+    """Rows ``ids`` of ``dataset`` (a ``datasets.Dataset`` or a list of dicts) as columns."""
+    rows = list(dataset.select(ids) if hasattr(dataset, "select") else [dataset[i] for i in ids])
+    return {k: [r[k] for r in rows] for k in rows[0]}

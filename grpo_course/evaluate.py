@@ -25,7 +25,10 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from .answers import answers_match  # the course's one correctness rule (also the rewards')
+from .answers import (
+    answers_match,  # the course's one correctness rule (also the rewards')
+    extract_hash_answer,
+)
 from .atomic import atomic_write, write_json_atomic
 from .config import SAMPLING_DTYPES, ConfigError
 from .data import (
@@ -33,7 +36,6 @@ from .data import (
     SYSTEM_PROMPT,
     chat_prompt,
     check_lines_left,
-    extract_hash_answer,
     gold_starts,
     load_gsm8k,
     start_prompt,
@@ -41,7 +43,7 @@ from .data import (
 from .errors import OneLineArgumentParser, report
 from .fingerprint import code_fingerprint
 from .models import cache_dir, load_model, quiet_loading
-from .rewards import REWARD_FUNCTIONS, computed_results, score_completions
+from .rewards import REWARD_FUNCTIONS, computed_results, score_completions, score_groups
 from .runs import RUN_CONFIG_FILE, load_run_config
 from .sampling import sample_completions, sampler_dtype
 from .stats import (
@@ -51,7 +53,6 @@ from .stats import (
     pass_at_k_estimate,
     wilson_interval,
 )
-from .train import score_groups
 
 
 def work_consistent(completion: str) -> bool | None:

@@ -22,6 +22,8 @@ from decimal import Decimal, InvalidOperation
 from functools import cache
 from typing import Any
 
+import torch
+
 from grpo_course.answers import (
     HASH_FORMAT,
     AnswerFormat,
@@ -33,7 +35,8 @@ from grpo_course.answers import (
 from grpo_course.arithmetic import EQUATION, equation_is_right
 from grpo_course.data import solution_results
 
-from .config import GRPOConfig
+from .config import ConfigError, GRPOConfig
+from .errors import RewardError
 
 RewardFn = Callable[..., list[float]]
 
@@ -342,3 +345,78 @@ def combined(completions, answer=None, weights: dict[str, float] | None = None,
     weights = _default_weights() if weights is None else dict(weights)
     scores = score_completions(completions, answer, names=weights, fmt=fmt, solutions=solution)
     return weighted_sum(scores, weights)
+
+
+# ---------------------------------------------------------------- a step's rewards
+def default_rewards(weights: dict[str, float]) -> dict[str, Callable]:
+    """The course's reward functions that ``weights`` names, by name (unknown names are a
+    :class:`~grpo_course.config.ConfigError`)."""
+    unknown = [n for n in weights if n not in REWARD_FUNCTIONS]
+    if unknown:
+        raise ConfigError(f"reward_weights names unknown reward(s) {unknown}; "
+                          f"choose from {', '.join(REWARD_FUNCTIONS)}")
+    return {n: REWARD_FUNCTIONS[n] for n in weights}
+
+
+def checked_rewards(name: str, values, expected: int) -> torch.Tensor:
+    """Reward function ``name``'s output as a float64 tensor (the values as given), or
+    :class:`RewardError` naming the function when it is not ``expected`` finite numbers (one
+    per completion)."""
+    try:
+        rewards = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise RewardError(f"reward function {name!r} returned {type(values).__name__}, not "
+                          f"{expected} numbers ({exc})") from None
+    if rewards.numel() != expected:
+        raise RewardError(f"reward function {name!r} returned {rewards.numel()} rewards for "
+                          f"{expected} completions")
+    bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
+    if bad:
+        raise RewardError(f"reward function {name!r} returned {rewards[bad[0]].item()} for "
+                          f"completion {bad[0]} (rewards must be finite numbers)")
+    return rewards
+
+
+def score_groups(completions: list, rows: dict[str, list], reward_funcs: dict[str, Callable],
+                 weights: dict[str, float], G: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weighted reward [B] and each function's rewards of ``completions`` (G per prompt of
+    ``rows``); every column but ``question`` reaches the rewards as a keyword list, repeated G
+    times (as in TRL). A function left out of ``weights`` is scored with weight 0.
+
+    The weighted sum is :func:`grpo_course.rewards.weighted_sum`'s, of the values as the
+    functions returned them, rounded to float32 once: the very rewards of a step written out
+    with ``score_completions`` and ``weighted_sum`` (chapter 3). One float32 ulp apart, the two
+    steps' advantages differ in the last float32 place, and a frozen base held in bf16 turns that
+    into different bf16 roundings and visibly different gradients."""
+    columns = {k: [v for v in values for _ in range(G)] for k, values in rows.items()
+               if k != "question"}
+    per_func = {n: checked_rewards(n, fn(completions, **columns), len(completions))
+                for n, fn in reward_funcs.items()}
+    total = weighted_sum({n: r.tolist() for n, r in per_func.items()}, weights)
+    return (torch.tensor(total, dtype=torch.float32),
+            {n: r.float() for n, r in per_func.items()})
+
+
+def correct_completions(per_func: dict[str, torch.Tensor]) -> int | None:
+    """How many sampled completions the ``correctness`` reward scored as exactly right (its top
+    tier), or ``None`` when the run has no ``correctness`` reward."""
+    scores = per_func.get("correctness")
+    return None if scores is None else int((scores >= EXACT_REWARD).sum())
+
+
+def run_rewards(config: GRPOConfig, reward_funcs: dict[str, Callable] | None = None) -> dict[str, Callable]:
+    """A run's reward functions by name: ``reward_funcs``, or the course's that
+    ``config.reward_weights`` names, and ``config.dynamic_sampling_reward``'s (scored for DAPO's
+    filter with weight 0). A name that is neither is a :class:`~grpo_course.config.ConfigError`."""
+    funcs = dict(reward_funcs or default_rewards(config.reward_weights))
+    name = config.dynamic_sampling_reward
+    if name is not None and name not in funcs:
+        if name not in REWARD_FUNCTIONS:
+            raise ConfigError(f"dynamic_sampling_reward {name!r} is neither one of the run's "
+                              f"rewards ({', '.join(funcs)}) nor a course reward "
+                              f"({', '.join(REWARD_FUNCTIONS)}); or none")
+        funcs[name] = REWARD_FUNCTIONS[name]
+    missing = [n for n in config.reward_weights if n not in funcs]
+    if missing:
+        raise ConfigError(f"reward_weights names {missing}, absent from reward_funcs")
+    return funcs

@@ -152,3 +152,11 @@ class Tracker:
             import trackio
             trackio.finish()
             self.run = None
+
+
+def append_metrics(out_dir: Path | None, row: dict[str, Any]) -> None:
+    """Append one step's ``row`` to ``out_dir``'s metrics file (nothing without a folder)."""
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(out_dir / METRICS_FILE, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")

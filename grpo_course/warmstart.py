@@ -19,19 +19,15 @@ from pathlib import Path
 import torch
 
 from .atomic import atomic_write, write_text_atomic
+from .checkpoints import STATE_FILE, load_adapter_state
 from .config import config_to_dict
 from .fingerprint import code_fingerprint, data_hash
 from .memory import free_memory
+from .modeling import add_lora, enable_activation_checkpointing
 from .models import cache_dir, load_model, runs_dir, unloadable
 from .runs import load_run_config
 from .sampling import resolve_sampling_dtype
-from .train import (
-    STATE_FILE,
-    CourseTrainer,
-    add_lora,
-    enable_activation_checkpointing,
-    load_adapter_state,
-)
+from .train import CourseTrainer
 
 WARM_FIELDS = ("model", "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_dtype",
                "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "max_grad_norm",

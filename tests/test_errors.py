@@ -262,7 +262,7 @@ def test_train_cli_in_a_subprocess_prints_one_line(tmp_path):
 
 # ---------------------------------------------------------------- rewards
 def test_reward_functions_returning_the_wrong_length_or_nan_are_named():
-    from grpo_course.train import checked_rewards
+    from grpo_course.rewards import checked_rewards
     assert checked_rewards("ok", [1, 0.5], 2).tolist() == [1.0, 0.5]
     with pytest.raises(RewardError, match=r"'short' returned 1 rewards for 2 completions"):
         checked_rewards("short", [1.0], 2)
@@ -278,11 +278,11 @@ def test_reward_functions_returning_the_wrong_length_or_nan_are_named():
 ])
 def test_train_names_the_broken_reward_function(reward, values, folders, tmp_path, capsys,
                                                  monkeypatch):
-    from grpo_course import train
+    from grpo_course import rewards, train
     monkeypatch.setenv("GSM8K_DIR", str(folders["good"]))
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
     fine = lambda completions, **kw: [0.0] * len(completions)
-    monkeypatch.setattr(train, "_default_rewards", lambda weights: {n: fine for n in weights}
+    monkeypatch.setattr(rewards, "default_rewards", lambda weights: {n: fine for n in weights}
                         | {"broken": reward})
     monkeypatch.setattr("grpo_course.train.load_model",
                         lambda name: (tiny_model(), tiny_tokenizer()))

@@ -174,7 +174,7 @@ def test_per_token_logps_shared_prompt_equals_full_forward():
 
 def test_chunked_logps_give_the_full_logits_gradient(monkeypatch):
     """Logits made a few rows at a time (checkpointed) give the same values and gradients."""
-    import grpo_course.grpo as G_
+    import grpo_course.modeling as G_
     model, tok = tiny_model(), tiny_tokenizer()
     enc = tok(["<s>what is 2+3?<s>", "<s>7*8<s>"], return_tensors="pt", padding=True)
     comp = torch.randint(4, 50, (4, 6), generator=torch.Generator().manual_seed(3))
@@ -198,7 +198,7 @@ def test_chunked_logps_give_the_full_logits_gradient(monkeypatch):
 def test_course_attention_gives_sdpas_logps_and_gradients(shared_prompt):
     """The written-out grouped-query attention of the training pass: the same log-probs and
     gradients as transformers' SDPA, with left padding, and with the prompt's cache shared."""
-    from grpo_course.grpo import course_attention
+    from grpo_course.modeling import course_attention
     model, tok = tiny_model(), tiny_tokenizer()
     enc = tok(["<s>what is 2+3?<s>", "<s>7*8<s>"], return_tensors="pt", padding=True)
     assert (enc["attention_mask"] == 0).any()         # one prompt is left-padded
@@ -341,8 +341,8 @@ def test_sft_warmup_lowers_loss():
 
 
 def test_frozen_linear_weights_cast_once_and_restored_bit_for_bit():
+    from grpo_course.modeling import add_lora
     from grpo_course.precision import frozen_linear_weights_as
-    from grpo_course.train import add_lora
     model = add_lora(tiny_model(), GRPOConfig(lora_target_modules=("q_proj", "v_proj")))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     base_q = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
@@ -582,8 +582,7 @@ def test_sft_checkpoint_without_the_sft_optimizer_would_differ(tmp_path, monkeyp
 
 
 def test_correct_completions_counts_only_the_exact_tier():
-    from grpo_course.rewards import CLOSE_REWARD, EXACT_REWARD, WRONG_REWARD
-    from grpo_course.train import correct_completions
+    from grpo_course.rewards import CLOSE_REWARD, EXACT_REWARD, WRONG_REWARD, correct_completions
     scores = torch.tensor([EXACT_REWARD, CLOSE_REWARD, WRONG_REWARD, EXACT_REWARD, -1.0])
     assert correct_completions({"correctness": scores, "exact_format": torch.full((5,), 3.0)}) == 2
     assert correct_completions({"exact_format": torch.full((5,), 3.0)}) is None

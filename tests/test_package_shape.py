@@ -61,17 +61,27 @@ def sources() -> list[tuple[str, ast.Module]]:
     return found
 
 
-def borrowed_imports(tree: ast.Module, attributes: bool) -> list[str]:
-    """``from grpo_course.X import name`` where X does not define ``name`` (it only imports it),
-    and, with ``attributes``, ``M.name`` for a module alias ``M`` of the package."""
+def imported_module(node: ast.ImportFrom, package: str) -> str | None:
+    """The absolute name of the module ``node`` imports from (``package``: the importing file's
+    package, for a relative import)."""
+    if node.level == 0:
+        return node.module
+    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+    return f"{base}.{node.module}" if node.module else base
+
+
+def borrowed_imports(tree: ast.Module, attributes: bool, package: str = "grpo_course") -> list[str]:
+    """``from grpo_course.X import name`` (or ``from .X import name`` in the package) where X
+    does not define ``name`` (it only imports it), and, with ``attributes``, ``M.name`` for a
+    module alias ``M`` of the package."""
     found, aliases = [], {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                and node.module.split(".")[0] == "grpo_course":
+        module = imported_module(node, package) if isinstance(node, ast.ImportFrom) else None
+        if module and module.split(".")[0] == "grpo_course":
             for alias in node.names:
-                if alias.name not in defined_names(node.module):
-                    found.append(f"from {node.module} import {alias.name}")
-                elif node.module == "grpo_course":
+                if alias.name not in defined_names(module):
+                    found.append(f"from {module} import {alias.name}")
+                elif module == "grpo_course":
                     aliases[alias.asname or alias.name] = f"grpo_course.{alias.name}"
         elif isinstance(node, ast.Import):
             aliases.update({a.asname: a.name for a in node.names
@@ -135,3 +145,17 @@ def test_ruff_reports_stale_noqa_comments_and_lints_the_whole_tree(rule):
     assert rule in config["tool"]["ruff"]["lint"]["select"]
     lint = (ROOT / "Makefile").read_text(encoding="utf-8").split("\nlint:")[1].split("\n\n")[0]
     assert "ruff check .\n" in lint + "\n"
+
+
+def test_the_trainer_is_the_grpo_step_and_grpo_is_the_mathematics():
+    """Before: train.py (783 lines) held the warm-up, the step and the persistence in one class
+    of 546 lines, and grpo.py, "mathematics in the algorithm's order", held the attention,
+    autocast and PEFT plumbing too."""
+    train = (PACKAGE / "train.py").read_text(encoding="utf-8")
+    trainer = next(n for n in ast.parse(train).body
+                   if isinstance(n, ast.ClassDef) and n.name == "CourseTrainer")
+    assert len(train.splitlines()) <= 400 and trainer.end_lineno - trainer.lineno + 1 <= 300
+    methods = {n.name for n in trainer.body if isinstance(n, ast.FunctionDef)}
+    assert {"_generate_and_score_completions", "compute_loss", "step"} <= methods   # TRL's names
+    grpo = (PACKAGE / "grpo.py").read_text(encoding="utf-8")
+    assert not any(word in grpo for word in ("autocast", "attention", "peft"))

@@ -99,7 +99,7 @@ def test_a_curriculum_run_is_saved_in_the_same_layout_with_its_stages(tmp_path, 
     trainer = _trainer()
     stages = [Stage("basic", ("basic",), datasets.Dataset.from_list(ROWS[:3])),
               Stage("advanced", ("advanced",), datasets.Dataset.from_list(ROWS[3:]))]
-    monkeypatch.setattr("grpo_course.train._default_rewards", lambda weights: {"length": length_reward})
+    monkeypatch.setattr("grpo_course.rewards.default_rewards", lambda weights: {"length": length_reward})
     train_stages(trainer.model, trainer.tokenizer, trainer.config, stages, 1,
                  out_dir=tmp_path / "cur", profile="smoke")
     rows = [json.loads(line) for line in (tmp_path / "cur" / "metrics.jsonl").read_text().splitlines()]

@@ -177,7 +177,7 @@ def test_masked_truncated_completions_add_no_loss():
     # 2 new tokens: the random tiny model almost never stops, so (nearly) every completion is cut
     masked = _trainer(max_completion_length=2, mask_truncated_completions=True)
     plain = _trainer(max_completion_length=2)
-    batch, rewards, _ = masked.generate_and_score(masked._rows(0, 2))
+    batch, rewards, _ = masked._generate_and_score_completions(masked._rows(0, 2))
     assert batch.truncated.all()
     rm, rp = masked.step(masked._rows(0, 2)), plain.step(plain._rows(0, 2))
     assert rm["loss"] == 0.0 and rm["grad_norm"] == 0.0
@@ -191,7 +191,7 @@ def test_bf16_training_pass_matches_fp32_within_tolerance():
     results = {}
     for dtype in ("float32", "bfloat16"):
         trainer = _trainer(train_dtype=dtype)
-        batch, rewards, _ = trainer.generate_and_score(trainer._rows(0, 2))
+        batch, rewards, _ = trainer._generate_and_score_completions(trainer._rows(0, 2))
         from grpo_course.grpo import group_advantages, grpo_loss
         from grpo_course.precision import frozen_linear_weights_as
         adv = group_advantages(rewards, 2)
@@ -259,7 +259,7 @@ def test_training_pass_attention_is_written_out_except_in_low_memory_mode(monkey
     """The GRPO training pass runs grouped_query_attention (faster on a CPU at these lengths),
     and the fused kernel in low-memory mode (it keeps less for the backward pass); the model's
     own setting is back afterwards."""
-    import grpo_course.grpo as grpo_module
+    import grpo_course.modeling as grpo_module
     from grpo_course import memory
     monkeypatch.setattr(memory, "_low_memory", low)
     monkeypatch.setenv(memory.LOW_MEMORY_ENV, "1" if low else "0")
@@ -279,7 +279,7 @@ def test_training_pass_attention_is_written_out_except_in_low_memory_mode(monkey
 def test_activation_checkpointing_for_a_while_then_as_before():
     """Chapter 3's loop turns checkpointing on (in train mode, where it acts) and hands the policy
     back as it found it; where it was on already (binder) it stays on."""
-    from grpo_course.train import activation_checkpointing, enable_activation_checkpointing
+    from grpo_course.modeling import activation_checkpointing, enable_activation_checkpointing
 
     model = tiny_model()                                   # eval mode, no checkpointing
     with activation_checkpointing(model, True):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from grpo_course import models, train, warmstart
+from grpo_course import checkpoints, models, warmstart
 from grpo_course.config import GRPOConfig, get_profile
 from grpo_course.models import runs_dir
 from grpo_course.runs import save_run_config
@@ -121,7 +121,7 @@ def test_warm_start_trains_once_and_start_from_loads_it(tmp_path, monkeypatch, c
         m.setattr(CourseTrainer, "sft", lambda self, steps=None: pytest.fail("retrained"))
         assert warmstart.warm_start(cfg, data) == folder          # reused, not retrained
     trainer = CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, data).start_from(folder)
-    saved = torch.load(folder / train.STATE_FILE, weights_only=True)
+    saved = torch.load(folder / checkpoints.STATE_FILE, weights_only=True)
     params = dict(trainer.model.named_parameters())
     assert saved and all(torch.equal(params[n], v) for n, v in saved.items())
     assert any(v.abs().sum() > 0 for n, v in saved.items() if "lora_B" in n)   # SFT moved B
@@ -129,8 +129,8 @@ def test_warm_start_trains_once_and_start_from_loads_it(tmp_path, monkeypatch, c
     # other data: another key; a state file cut short: trained again, with one line saying so
     other = datasets.Dataset.from_list([{**ADDITION_ROWS[0], "answer": "#### 0"}, *ADDITION_ROWS[1:]])
     assert warmstart.warm_start_key(cfg, other) != folder.name
-    truncate(folder / train.STATE_FILE)
+    truncate(folder / checkpoints.STATE_FILE)
     capsys.readouterr()
     assert warmstart.warm_start(cfg, data) == folder
     assert "does not load" in capsys.readouterr().out
-    assert models.unloadable(folder / train.STATE_FILE) is None
+    assert models.unloadable(folder / checkpoints.STATE_FILE) is None
