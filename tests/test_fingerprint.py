@@ -63,10 +63,11 @@ def test_a_key_follows_the_imports_so_a_new_import_cannot_escape_it(tmp_path, mo
 
 
 def test_the_course_keys_cover_what_their_producers_import():
-    """Before: the evaluation key named its modules by hand and left out models, grpo and train."""
+    """Before: the evaluation key named its modules by hand and left out models (which loads the
+    weights it decodes) and train (which it imported then)."""
     evaluation = fingerprint.package_imports("grpo_course.evaluate")
-    assert {"grpo_course.models", "grpo_course.grpo", "grpo_course.train", "grpo_course.sampling",
-            "grpo_course.answers"} <= set(evaluation)
+    assert {"grpo_course.models", "grpo_course.sampling", "grpo_course.answers",
+            "grpo_course.rewards", "grpo_course.data"} <= set(evaluation)
     assert {"grpo_course.train", "grpo_course.sampling", "grpo_course.rewards",
             "grpo_course.precision"} <= set(fingerprint.package_imports("grpo_course.warmstart"))
 
