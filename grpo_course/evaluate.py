@@ -153,8 +153,6 @@ def _cache_file(key: dict[str, Any]) -> Path:
 EVAL_BLOCK = 64
 
 
-
-
 def _read_cached(path: Path) -> dict[str, Any] | None:
     """The stored evaluation at ``path``, or ``None`` when there is none or it cannot be read
     (cut short by a full disk, say: then it is decoded again and rewritten, with one line)."""
@@ -188,14 +186,13 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
     the decoding settings are all identical; ``cached`` is true when every block was.
     """
 
-
     if batch_size <= 0 or max_new_tokens <= 0:
         raise ValueError("batch_size and max_new_tokens must be positive")
     rows = list(dataset)
     prompts = [start_prompt(r, tokenizer, system_prompt) for r in rows]
     dtype = sampler_dtype(model, sampling_dtype, fast)
     fingerprint = weights_fingerprint(model) if cache else None
-    code = code_fingerprint(__name__) if cache else None   # this module and all it imports
+    code = code_fingerprint("grpo_course.evaluate") if cache else None   # this module and all it imports
     records: list[dict[str, Any]] = []
     seconds, all_cached = 0.0, True
     bar = tqdm(total=len(rows), desc="evaluate", disable=not progress)
@@ -334,7 +331,6 @@ def _sampled_blocks(model, tokenizer, rows: list, k: int, max_new_tokens: int, t
     """``(chunk, completions)`` for blocks of ``batch_prompts`` problems: ``k`` samples of each,
     the block starting at problem ``lo`` drawn with seed ``seed + lo``."""
 
-
     for lo in tqdm(range(0, len(rows), batch_prompts), desc=desc, disable=not progress):
         chunk = rows[lo:lo + batch_prompts]
         batch = sample_completions(model, tokenizer, [start_prompt(r, tokenizer) for r in chunk],
@@ -452,7 +448,6 @@ def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict
     """Greedy answers to one ``question`` from one LoRA model under several adapter ``states``
     (name -> :func:`adapter_state`, or ``None`` for the base model: adapter switched off), with
     each answer's rewards against ``gold``. The model's own weights are put back afterwards."""
-
 
     current = adapter_state(model)
     params = dict(model.named_parameters())

@@ -64,8 +64,9 @@ def _direct_imports(module: str, package: str) -> set[str]:
                 base = f"{parent}.{base}" if base else parent
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)   # from pkg import module
-    return {name for name in found if (name == package or name.startswith(package + "."))
-            and _source_file(name) is not None}
+    # the package's own __init__ is left out: it sets up the process, and the package version,
+    # which every key records, stands for it
+    return {name for name in found if name.startswith(package + ".") and _source_file(name) is not None}
 
 
 @cache
@@ -96,7 +97,8 @@ def source_hash(*modules: str) -> str:
 def code_fingerprint(module: str) -> dict[str, object]:
     """The package version, :func:`source_hash` of ``module`` and of everything it imports
     (:func:`package_imports`) and :func:`library_versions`: the part of a cache key that says
-    which code made the entry. ``module`` is the one that holds the producing function."""
+    which code made the entry. ``module`` is the one that holds the producing function, by its
+    full name (not ``__name__``, which is ``"__main__"`` under ``python -m``)."""
     return {"package": __version__, "source": source_hash(*package_imports(module)),
             "libraries": library_versions()}
 

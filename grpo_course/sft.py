@@ -100,7 +100,7 @@ class SFTWarmup:
 
     def start_from(self, warm_dir) -> Self:
         """Load the adapter weights of a warm start (:func:`grpo_course.warmstart.warm_start`)
-        and count its SFT steps as done, so :meth:`train` goes straight to GRPO."""
+        and count its SFT steps as done, so :meth:`~grpo_course.checkpoints.TrainingRun.train` goes straight to GRPO."""
         load_adapter_state(self.model, warm_dir)
         self.sft_done = self.config.sft_steps
         return self

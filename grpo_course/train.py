@@ -5,8 +5,8 @@ and :mod:`grpo_course.grpo`, with TRL's names where TRL has the same part: one s
 (:meth:`~CourseTrainer.step`) samples G completions per prompt and scores them
 (:meth:`~CourseTrainer._generate_and_score_completions`; with ``dynamic_sampling`` it resamples
 until the step holds enough groups with unequal rewards), then runs ``num_iterations`` updates of
-the clipped loss on that batch (:meth:`~CourseTrainer.compute_loss`, one forward/backward pass at
-a time). It trains LoRA adapters by default and keeps no reference model when ``beta == 0`` (with
+the clipped loss on that batch (:meth:`~CourseTrainer.compute_loss` of one forward/backward pass
+at a time, then its backward). It trains LoRA adapters by default and keeps no reference model when ``beta == 0`` (with
 ``beta > 0`` the reference is the same weights with the adapter switched off). Where the sampler
 decodes at the policy's precision its log-probs are the ``old_per_token_logps``; where it decodes
 in bf16 (``sampling_dtype``), as TRL does when each batch is used once, they are the policy's own,

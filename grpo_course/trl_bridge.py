@@ -492,7 +492,6 @@ def launch_command(processes: int, out: str | os.PathLike, *flags: str,
     grpo_course.trl_bridge`` for one, ``accelerate launch --config_file ...`` for more (the
     course's 2-process CPU config unless ``accelerate_config`` names another)."""
 
-
     if processes < 1:
         raise ConfigError(f"processes must be >= 1; got {processes}")
     script = ["-m", "grpo_course.trl_bridge", "--out", str(out), *flags]

@@ -41,7 +41,7 @@ def warm_start_key(config, train_dataset) -> str:
     recipe["sft_dtype"] = str(resolve_sampling_dtype(config.sft_dtype) or "float32")
     recipe["lora_target_modules"] = list(recipe["lora_target_modules"])
     recipe["data"] = data_hash(train_dataset)
-    recipe["code"] = code_fingerprint(__name__)      # this module and every module it imports
+    recipe["code"] = code_fingerprint("grpo_course.warmstart")      # this module and every module it imports
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -122,7 +122,7 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
 
     # the warm start's key (its recipe, data and code), every field of the GRPO recipe and the
     # code that trains it
-    recipe = json.dumps({"config": config_to_dict(config), "code": code_fingerprint(__name__)},
+    recipe = json.dumps({"config": config_to_dict(config), "code": code_fingerprint("grpo_course.warmstart")},
                         sort_keys=True, default=str)
     key = f"{warm_start_key(config, train_dataset)}-{hashlib.sha256(recipe.encode()).hexdigest()[:20]}"
     folder = runs_dir(profile.name) / POLICY_DIR

@@ -51,7 +51,7 @@ def test_a_key_follows_the_imports_so_a_new_import_cannot_escape_it(tmp_path, mo
         return fingerprint.code_fingerprint("keypkg.producer")["source"]
 
     assert fingerprint.package_imports("keypkg.producer") == \
-        ("keypkg", "keypkg.deep", "keypkg.helper", "keypkg.producer")   # a function's import counts
+        ("keypkg.deep", "keypkg.helper", "keypkg.producer")   # a function's import counts
     before = key()
     (pkg / "later.py").write_text("X = 2\n")
     assert key() == before                                   # not imported: not in the key
@@ -86,7 +86,7 @@ def test_changing_the_sft_code_changes_the_warm_start_key(course_rows, tmp_path,
     cfg = GRPOConfig(sft_steps=2, sft_batch_size=1)
     before = warm_start_key(cfg, course_rows)
     assert warm_start_key(cfg, course_rows) == before
-    edited("grpo_course.train", tmp_path, monkeypatch)           # the SFT loop lives there
+    edited("grpo_course.sft", tmp_path, monkeypatch)             # the SFT loop lives there
     assert warm_start_key(cfg, course_rows) != before
 
 
