@@ -19,10 +19,6 @@ import warnings
 
 import torch
 import torch.utils.checkpoint
-from peft import LoraConfig, get_peft_model
-from peft.helpers import disable_input_dtype_casting
-from transformers import AttentionInterface, AttentionMaskInterface
-from transformers.masking_utils import sdpa_mask
 
 from .config import ConfigError, GRPOConfig
 
@@ -151,6 +147,10 @@ COURSE_ATTENTION = "course_gqa"
 
 
 def _register_course_attention() -> None:
+    # imported on first use, as peft is (see add_lora): transformers' modeling code imports torchao
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
     def boolean_mask(*args, **kwargs):     # always a mask: the attention above is not causal itself
         kwargs["allow_is_causal_skip"] = False
         return sdpa_mask(*args, **kwargs)
@@ -206,6 +206,8 @@ def norms_cast_once(model, enabled: bool = True):
 
 
 def _peft_input_casts_off(model):
+    from peft.helpers import disable_input_dtype_casting  # peft loads on first use: see add_lora
+
     return disable_input_dtype_casting(model)
 
 
@@ -305,6 +307,10 @@ def _hidden_with_shared_prompt(decoder, prompt_ids, prompt_mask, completion_ids,
 
 def add_lora(model, config: GRPOConfig):
     """Wrap ``model`` with fresh LoRA adapters (a no-op for a model that has them)."""
+    # imported here, not at the top: peft imports torchao, which prints "Failed to load" lines for
+    # its CUDA kernels, and a CLI's one-line error must come before any model is adapted
+    from peft import LoraConfig, get_peft_model
+
     if hasattr(model, "peft_config"):
         return model
     lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
