@@ -404,6 +404,8 @@ class StartSizes:
     slices: tuple[tuple[int, int], ...] = ((512, 768), (768, 1024))   # test rows [start, end)
     samples: int = 16                    # samples per problem of the pass@k curves (k <= samples)
     pass_k_problems: int = 12            # first problems of each slice in the pass@k curves
+    sample_prompts: int = 8              # problems whose samples are decoded together (each key/
+                                         # value cache holds sample_prompts x samples sequences)
     transfer_problems: int = 64          # first problems of the first slice at one more line left
     whole_problems: int = 128            # first test problems of chapter 3's whole-problem test (the
                                          # base model's and the warm start's come from chapters 1-2's
@@ -549,7 +551,8 @@ def _binder_profile(full: Profile) -> Profile:
     at most 1.8 GiB per chapter, measured by ``bench/memory.py``): the same recipe and warm start, with
     activation checkpointing in the training passes (the course trainer's and TRL's; TRL's weights
     in bf16 where the CPU has it, and its step's completions through the model two at a time),
-    smaller sampling and evaluation batches, 64-token completions in chapter 3's loop, fewer
+    smaller sampling and evaluation batches (the pass@k samples of two problems at a time),
+    64-token completions in chapter 3's loop, fewer
     held-out problems (the intervals say so), no
     2-process run (two more copies of the model do not fit), a shorter step under torch.profiler
     and no full fine-tuning run in chapter 7 (AdamW's state for every weight), and the
@@ -563,7 +566,7 @@ def _binder_profile(full: Profile) -> Profile:
         loop=replace(full.loop,
                      changes={**full.loop.changes, "max_completion_length": 64}),
         start=replace(full.start, changes={**full.start.changes, "generation_batch_size": 32},
-                      slices=((512, 640), (768, 896)), whole_problems=128),
+                      slices=((512, 640), (768, 896)), whole_problems=128, sample_prompts=2),
         trl=replace(full.trl, eval_n=128, ddp_steps=0, dtype="auto", micro_batch=2),
         quant=replace(full.quant, eval_n=48, policy_steps=4),
         prof=replace(full.prof, copy_mib=128, full_finetune=False, logits_completions=2,

@@ -340,7 +340,8 @@ def activation_checkpointing(model, on: bool = True):
     was_on, was_training = bool(getattr(model, "is_gradient_checkpointing", False)), model.training
     if on and not was_on:
         enable_activation_checkpointing(model)
-        model.train()
+    if on:
+        model.train()           # also where it was on already, but the model was in eval mode
     try:
         yield model
     finally:
@@ -349,6 +350,7 @@ def activation_checkpointing(model, on: bool = True):
                 model.activation_checkpointing_disable()
             else:
                 model.gradient_checkpointing_disable()
+        if on:
             model.train(was_training)
 
 

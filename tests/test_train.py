@@ -288,9 +288,10 @@ def test_activation_checkpointing_for_a_while_then_as_before():
     with activation_checkpointing(model, False):
         assert not model.is_gradient_checkpointing
     enable_activation_checkpointing(model)
+    model.eval()                          # on already, but in eval mode, where it does not act
     with activation_checkpointing(model, True):
-        pass
-    assert model.is_gradient_checkpointing
+        assert model.training             # (chapter 3's loss comparison after its evaluations)
+    assert model.is_gradient_checkpointing and not model.training
 
 
 def test_lines_left_continues_each_prompt_from_its_gold_start():
