@@ -85,6 +85,35 @@ def test_prose_quotes_glued_values_that_are_computed_before_it(path):
     assert not problems, f"{path.name}: " + "; ".join(problems)
 
 
+def _glossary_terms() -> set[str]:
+    """The terms of book/glossary.md's ``{glossary}`` block: its unindented lines."""
+    import re
+
+    text = (ROOT / "book" / "glossary.md").read_text()
+    block = re.search(r"```\{glossary\}\n(.*?)\n```", text, re.S).group(1)
+    return {line.strip() for line in block.splitlines() if line.strip() and not line[0].isspace()}
+
+
+def test_every_term_role_names_a_glossary_term():
+    """A {term} role whose target is not a glossary term renders as plain text with a Sphinx
+    warning that nobody reads: every chapter's and every book page's roles must resolve."""
+    import re
+
+    terms = _glossary_terms()
+    assert len(terms) > 20, "the glossary block was not found"
+    pages = [(p.name, "\n".join(c.source for c in nbformat.read(p, as_version=4).cells
+                                if c.cell_type == "markdown")) for p in NOTEBOOKS]
+    pages += [(p.name, p.read_text()) for p in sorted((ROOT / "book").glob("*.md"))]
+    missing = []
+    for name, text in pages:
+        for role in re.findall(r"\{term\}`([^`]*)`", text):
+            target = re.fullmatch(r"(?s).*<([^>]*)>", role)
+            target = (target.group(1) if target else role).strip()
+            if not any(target.lower() == t.lower() for t in terms):
+                missing.append(f"{name}: {{term}}`{role}`")
+    assert not missing, "roles whose target is not in book/glossary.md: " + "; ".join(missing)
+
+
 def _section_code(path: Path, heading: str) -> list[str]:
     """The code cells between markdown ``heading`` and the next heading of any level."""
     nb = nbformat.read(path, as_version=4)
