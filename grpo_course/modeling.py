@@ -21,6 +21,7 @@ import torch
 import torch.utils.checkpoint
 
 from .config import ConfigError, GRPOConfig
+from .models import quiet_torchao
 
 # completion positions whose [chunk, vocab] logits exist at one time. An fp32 chunk of 128 rows
 # of the bundled model's vocabulary stays under glibc's largest mmap threshold (32 MiB): freed,
@@ -309,6 +310,7 @@ def add_lora(model, config: GRPOConfig):
     """Wrap ``model`` with fresh LoRA adapters (a no-op for a model that has them)."""
     # imported here, not at the top: peft imports torchao, which prints "Failed to load" lines for
     # its CUDA kernels, and a CLI's one-line error must come before any model is adapted
+    quiet_torchao()
     from peft import LoraConfig, get_peft_model
 
     if hasattr(model, "peft_config"):
@@ -337,7 +339,7 @@ def activation_checkpointing(model, on: bool = True):
     """Activation checkpointing on ``model`` for a while (in train mode, where it acts), as it was
     after: chapter 3's loop recomputes each layer's activations in its backward pass instead of
     keeping them, and hands the policy back to the fast trainer as it found it."""
-    was_on, was_training = bool(getattr(model, "is_gradient_checkpointing", False)), model.training
+    was_on, was_training = uses_activation_checkpointing(model), model.training
     if on and not was_on:
         enable_activation_checkpointing(model)
     if on:

@@ -178,6 +178,7 @@ def load_model(name: str = BUNDLED_NAME, dtype: torch.dtype = torch.float32,
     A folder holding a PEFT adapter (``adapter_config.json``) is loaded on its base
     model and merged.
     """
+    quiet_torchao()     # transformers' model code imports torchao: its CUDA-kernel noise, hidden
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     set_threads(threads)
@@ -220,7 +221,10 @@ def _load_adapter(folder: Path, dtype: torch.dtype, device: str):
         base_name = BUNDLED_NAME  # an adapter trained on the cached bundled copy
     model, tokenizer = load_model(base_name, dtype=dtype, device=device)
     try:
-        model = PeftModel.from_pretrained(model, folder).merge_and_unload()
+        with warnings.catch_warnings():     # peft 0.21 still asks transformers 5 by the old name
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*",
+                                    category=FutureWarning)
+            model = PeftModel.from_pretrained(model, folder).merge_and_unload()
     except Exception as exc:  # a cut-short or corrupt adapter_model.safetensors, a bad config
         raise ModelError(f"adapter folder {str(folder)!r} cannot be loaded "
                          f"({type(exc).__name__}: {' '.join(str(exc).split())})") from None

@@ -279,19 +279,23 @@ def test_training_pass_attention_is_written_out_except_in_low_memory_mode(monkey
 def test_activation_checkpointing_for_a_while_then_as_before():
     """Chapter 3's loop turns checkpointing on (in train mode, where it acts) and hands the policy
     back as it found it; where it was on already (binder) it stays on."""
-    from grpo_course.modeling import activation_checkpointing, enable_activation_checkpointing
+    from grpo_course.modeling import (
+        activation_checkpointing,
+        enable_activation_checkpointing,
+        uses_activation_checkpointing,
+    )
 
     model = tiny_model()                                   # eval mode, no checkpointing
     with activation_checkpointing(model, True):
-        assert model.is_gradient_checkpointing and model.training
-    assert not model.is_gradient_checkpointing and not model.training
+        assert uses_activation_checkpointing(model) and model.training
+    assert not uses_activation_checkpointing(model) and not model.training
     with activation_checkpointing(model, False):
-        assert not model.is_gradient_checkpointing
+        assert not uses_activation_checkpointing(model)
     enable_activation_checkpointing(model)
     model.eval()                          # on already, but in eval mode, where it does not act
     with activation_checkpointing(model, True):
         assert model.training             # (chapter 3's loss comparison after its evaluations)
-    assert model.is_gradient_checkpointing and not model.training
+    assert uses_activation_checkpointing(model) and not model.training
 
 
 def test_lines_left_continues_each_prompt_from_its_gold_start():
