@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from .atomic import atomic_write
 from .cli import CHECKPOINT
 from .config import ConfigError, GRPOConfig
+from .modeling import adapter_state, set_adapter_state
 from .runs import Tracker, append_metrics, save_run_config
 
 #: the warm start's trainable (LoRA) weights, saved beside its adapter
@@ -30,11 +31,7 @@ STATE_FILE = "trainable.pt"
 
 def load_adapter_state(model, folder) -> None:
     """Set ``model``'s trainable (LoRA) weights to those saved in the warm start ``folder``."""
-    state = torch.load(Path(folder) / STATE_FILE, weights_only=True)
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in state.items():
-            params[name].copy_(value)
+    set_adapter_state(model, torch.load(Path(folder) / STATE_FILE, weights_only=True))
 
 
 class TrainingRun:
@@ -77,8 +74,7 @@ class TrainingRun:
         """Trainable weights, both optimizers (GRPO's and the SFT warm-up's), the random states
         at the last step boundary, counters and config, written atomically. The data order is
         a function of ``config.seed`` and the counters (``sft_done``, ``prompts_used``)."""
-        trainable = {n: p.detach().clone() for n, p in self.model.named_parameters()
-                     if p.requires_grad}
+        trainable = adapter_state(self.model)
 
         def write(tmp: Path) -> None:
             torch.save({"trainable": trainable, "optimizer": self.optimizer.state_dict(),
@@ -112,10 +108,7 @@ class TrainingRun:
         trainer = cls(model, tokenizer, config, train_dataset, **kwargs)
         try:
             state = torch.load(path / "state.pt", weights_only=True)
-            params = dict(trainer.model.named_parameters())
-            with torch.no_grad():
-                for name, value in state["trainable"].items():
-                    params[name].copy_(value)
+            set_adapter_state(trainer.model, state["trainable"])
             trainer.optimizer.load_state_dict(state["optimizer"])
             if state.get("sft_optimizer") is not None:
                 trainer.sft_optimizer = trainer._make_sft_optimizer()

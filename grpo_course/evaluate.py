@@ -42,6 +42,7 @@ from .data import (
 )
 from .errors import OneLineArgumentParser, report
 from .fingerprint import code_fingerprint
+from .modeling import adapter_state, set_adapter_state
 from .models import cache_dir, load_model, quiet_loading
 from .rewards import REWARD_FUNCTIONS, computed_results, score_completions, score_groups
 from .runs import RUN_CONFIG_FILE, load_run_config
@@ -437,26 +438,18 @@ def run_configs(names: Sequence[str]) -> dict[str, dict[str, Any]]:
     return configs
 
 # ---------------------------------------------------------------- ask the models
-def adapter_state(model) -> dict[str, torch.Tensor]:
-    """A copy of ``model``'s trainable (LoRA) weights, to put back with :func:`answers_side_by_side`."""
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-
-
 def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict | None],
                          gold: str | None = None, solution: str | None = None,
                          max_new_tokens: int = 200) -> list[dict[str, Any]]:
     """Greedy answers to one ``question`` from one LoRA model under several adapter ``states``
-    (name -> :func:`adapter_state`, or ``None`` for the base model: adapter switched off), with
+    (name -> :func:`grpo_course.modeling.adapter_state`, or ``None`` for the base model: adapter switched off), with
     each answer's rewards against ``gold``. The model's own weights are put back afterwards."""
 
     current = adapter_state(model)
-    params = dict(model.named_parameters())
     rows = []
     try:
         for name, state in states.items():
-            with torch.no_grad():
-                for key, value in (state or current).items():
-                    params[key].copy_(value)
+            set_adapter_state(model, state or current)
             off = model.disable_adapter() if state is None and hasattr(model, "disable_adapter") \
                 else contextlib.nullcontext()
             with off:
@@ -471,9 +464,7 @@ def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict
                 row.update({k: v[0] for k, v in scores.items()})
             rows.append(row)
     finally:
-        with torch.no_grad():
-            for key, value in current.items():
-                params[key].copy_(value)
+        set_adapter_state(model, current)
     return rows
 
 

@@ -10,7 +10,8 @@ log-probs need from a causal language model, made fast and small on a CPU.
 - :func:`course_attention` and :func:`norms_cast_once`: the training pass's written-out attention
   and its bf16 casts made once per norm;
 - :func:`add_lora`, :func:`enable_activation_checkpointing`, :func:`activation_checkpointing`:
-  the adapters and the recomputation the trainers switch on.
+  the adapters and the recomputation the trainers switch on; :func:`adapter_state` and
+  :func:`set_adapter_state` copy the adapters' weights out and back.
 """
 from __future__ import annotations
 
@@ -354,6 +355,19 @@ def activation_checkpointing(model, on: bool = True):
                 model.gradient_checkpointing_disable()
         if on:
             model.train(was_training)
+
+
+def adapter_state(model) -> dict[str, torch.Tensor]:
+    """A copy of ``model``'s trainable (LoRA) weights, by parameter name."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def set_adapter_state(model, state: dict[str, torch.Tensor]) -> None:
+    """Copy ``state`` (parameter name -> tensor, as :func:`adapter_state` gives) into ``model``."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value)
 
 
 def adapter_disabled(model):

@@ -178,8 +178,8 @@ def test_paired_verdict_computes_overlap_and_the_test():
 
 def test_answers_side_by_side_switches_adapters_and_restores_them():
     from grpo_course.config import GRPOConfig
-    from grpo_course.evaluate import adapter_state, answers_side_by_side
-    from grpo_course.modeling import add_lora
+    from grpo_course.evaluate import answers_side_by_side
+    from grpo_course.modeling import adapter_state, add_lora
     from tests.helpers import tiny_model, tiny_tokenizer
 
     torch.manual_seed(0)
