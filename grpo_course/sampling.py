@@ -104,7 +104,9 @@ def _choose(logits: torch.Tensor, temperature: float, top_p: float,
         logps = torch.log_softmax(logits.float(), dim=-1)
         tokens = logps.argmax(-1)
         return tokens, logps.gather(-1, tokens[:, None]).squeeze(-1)
-    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
+    # row-major (the compact decoder's head gives [V, B].T): the ops below keep a layout, and
+    # searchsorted would copy non-contiguous boundaries on every call, with a warning
+    scaled = (logits.float() if temperature == 1.0 else logits.float() / temperature).contiguous()
     top = scaled.amax(-1, keepdim=True)
     weights = (scaled - top).exp_()       # unnormalised probabilities: u is scaled by their sum
     if top_p < 1.0:     # draw within the nucleus; the log-prob stays the whole distribution's
