@@ -31,6 +31,26 @@ def test_chapter_page_has_outputs_and_no_errors(stem):
     assert not re.search(r'class="[^"]*\berror\b', page), f"{stem}: a cell error is rendered"
 
 
+# library start-up noise a student would read as an error: torchao's CUDA-only kernels, and
+# notes to library developers (transformers' and peft's renamed attributes)
+NOISE = ("Failed to load", "FutureWarning")
+
+
+@pytest.mark.parametrize("stem", chapters())
+def test_executed_chapter_prints_no_library_noise(stem):
+    """The book hides stderr (``remove-warn``), JupyterLab and Colab do not: what the executed
+    chapter wrote there must be its own (progress bars), not libraries' start-up lines."""
+    import json
+
+    executed = Path(HTML).parent / "jupyter_execute" / "notebooks" / f"{stem}.ipynb"
+    assert executed.is_file(), f"{executed} is missing: myst-nb's layout changed?"
+    cells = json.loads(executed.read_text(encoding="utf-8"))["cells"]
+    noisy = [(i, line.strip()[:120]) for i, cell in enumerate(cells) for out in cell.get("outputs", [])
+             if out.get("name") == "stderr" for line in "".join(out["text"]).splitlines()
+             if any(word in line for word in NOISE)]
+    assert not noisy, f"{stem}: library noise on stderr (cell, line): {noisy[:4]}"
+
+
 @pytest.mark.parametrize("stem", chapters())
 def test_chapter_colab_links_open_the_colab_edition(stem):
     page = (Path(HTML) / "notebooks" / f"{stem}.html").read_text(encoding="utf-8")

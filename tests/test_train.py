@@ -4,6 +4,7 @@ dense intermediate-results reward, and the warm-up adapter saved for attribution
 from __future__ import annotations
 
 import json
+import warnings
 
 import datasets
 import pytest
@@ -286,11 +287,13 @@ def test_activation_checkpointing_for_a_while_then_as_before():
     )
 
     model = tiny_model()                                   # eval mode, no checkpointing
-    with activation_checkpointing(model, True):
-        assert uses_activation_checkpointing(model) and model.training
-    assert not uses_activation_checkpointing(model) and not model.training
-    with activation_checkpointing(model, False):
-        assert not uses_activation_checkpointing(model)
+    with warnings.catch_warnings():     # transformers' old-name FutureWarning reached chapter 3
+        warnings.simplefilter("error", FutureWarning)
+        with activation_checkpointing(model, True):
+            assert uses_activation_checkpointing(model) and model.training
+        assert not uses_activation_checkpointing(model) and not model.training
+        with activation_checkpointing(model, False):
+            assert not uses_activation_checkpointing(model)
     enable_activation_checkpointing(model)
     model.eval()                          # on already, but in eval mode, where it does not act
     with activation_checkpointing(model, True):
