@@ -51,7 +51,7 @@ from .cli import parse_train_args, run_folder
 from .data import SYSTEM_PROMPT, chat_messages, load_gsm8k
 from .errors import CourseError, report
 from .hardware import share_cores
-from .models import load_model, quiet_loading, set_threads
+from .models import load_model, quiet_loading, quiet_torchao, set_threads
 from .rewards import REWARD_FUNCTIONS, check_reward_names
 from .runs import TRACKIO_PROJECT, Tracker, write_run
 from .warmstart import warm_start
@@ -101,7 +101,8 @@ NEURON_NOTES: dict[str, str] = {
 
 
 def quiet_trl() -> None:
-    """Silence the progress bars and INFO/WARNING chatter of transformers, datasets and TRL."""
+    """Silence the progress bars and INFO/WARNING chatter of transformers, datasets and TRL, and
+    torchao's start-up lines (:func:`grpo_course.models.quiet_torchao`: TRL and peft import it)."""
     import datasets
     import transformers
 
@@ -113,6 +114,7 @@ def quiet_trl() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"(trl|transformers|peft)")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    quiet_torchao()
 
 
 # ---------------------------------------------------------------- config

@@ -31,9 +31,9 @@ def test_chapter_page_has_outputs_and_no_errors(stem):
     assert not re.search(r'class="[^"]*\berror\b', page), f"{stem}: a cell error is rendered"
 
 
-# library start-up noise a student would read as an error: torchao's CUDA-only kernels, and
-# notes to library developers (transformers' and peft's renamed attributes)
-NOISE = ("Failed to load", "FutureWarning")
+# library start-up noise a student would read as an error: torchao's CUDA-only kernels and its
+# pytree registrations, and notes to library developers (transformers' and peft's renamed attributes)
+NOISE = ("Failed to load", "FutureWarning", "_pytree.py")
 
 
 @pytest.mark.parametrize("stem", chapters())
