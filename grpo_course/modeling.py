@@ -16,13 +16,12 @@ log-probs need from a causal language model, made fast and small on a CPU.
 from __future__ import annotations
 
 import contextlib
-import warnings
 
 import torch
 import torch.utils.checkpoint
 
 from .config import ConfigError, GRPOConfig
-from .models import quiet_torchao
+from .models import peft_quietly
 
 # completion positions whose [chunk, vocab] logits exist at one time. An fp32 chunk of 128 rows
 # of the bundled model's vocabulary stays under glibc's largest mmap threshold (32 MiB): freed,
@@ -309,19 +308,16 @@ def _hidden_with_shared_prompt(decoder, prompt_ids, prompt_mask, completion_ids,
 
 def add_lora(model, config: GRPOConfig):
     """Wrap ``model`` with fresh LoRA adapters (a no-op for a model that has them)."""
-    # imported here, not at the top: peft imports torchao, which prints "Failed to load" lines for
-    # its CUDA kernels, and a CLI's one-line error must come before any model is adapted
-    quiet_torchao()
-    from peft import LoraConfig, get_peft_model
-
     if hasattr(model, "peft_config"):
         return model
-    lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
-                      lora_dropout=config.lora_dropout,
-                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
-    with warnings.catch_warnings():     # peft 0.21 still asks transformers 5 by the old name
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*",
-                                category=FutureWarning)
+    # peft imported here, not at the top: it imports torchao, which prints "Failed to load" lines
+    # for its CUDA kernels, and a CLI's one-line error must come before any model is adapted
+    with peft_quietly():
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
+                          lora_dropout=config.lora_dropout,
+                          target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
         return get_peft_model(model, lora)
 
 

@@ -221,9 +221,7 @@ def _load_adapter(folder: Path, dtype: torch.dtype, device: str):
         base_name = BUNDLED_NAME  # an adapter trained on the cached bundled copy
     model, tokenizer = load_model(base_name, dtype=dtype, device=device)
     try:
-        with warnings.catch_warnings():     # peft 0.21 still asks transformers 5 by the old name
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*",
-                                    category=FutureWarning)
+        with peft_quietly():
             model = PeftModel.from_pretrained(model, folder).merge_and_unload()
     except Exception as exc:  # a cut-short or corrupt adapter_model.safetensors, a bad config
         raise ModelError(f"adapter folder {str(folder)!r} cannot be loaded "
@@ -269,6 +267,18 @@ def quiet_torchao() -> None:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+@contextlib.contextmanager
+def peft_quietly():
+    """For a while: torchao imported quietly (:func:`quiet_torchao`; peft imports it), and
+    peft's question to transformers by the attribute's old name (``is_gradient_checkpointing``,
+    a FutureWarning) not shown. Wrap peft's imports and the calls that build a ``PeftModel``."""
+    quiet_torchao()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*",
+                                category=FutureWarning)
+        yield
 
 
 def quiet_loading() -> None:
