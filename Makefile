@@ -21,7 +21,7 @@ NBMAKE_TIMEOUT ?= 1800
 # A kernel started with MPLBACKEND=Agg shows no figures (plt.show() draws nothing into the page).
 unexport MPLBACKEND
 
-.PHONY: help install model static lint unit nbmake-smoke browser book-smoke check-install test check-steps book book-check publish assignments bench clean
+.PHONY: help install model static lint unit nbmake-smoke browser book-smoke check-install test check-steps book book-check publish assignments bench reference-run clean
 
 help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
@@ -30,6 +30,7 @@ help:
 	@echo "make check-steps - chapter 3's written-out step against the trainer on the real model, full sizes (CI runs it)"
 	@echo "make book-check - chapters 2 and 3 on the full profile from an empty cache (the warm start trained anew)"
 	@echo "make publish - after make book: the Colab edition (_build/colab) and _build/html for GitHub Pages"
+	@echo "make reference-run - the reference GRPO run (hours, resumable) -> data/runs/reference/"
 	@echo "make assignments - student versions of the seven chapters (no solutions, graded checks) in _build/assignments/"
 	@echo "make bench  - throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json;"
 	@echo "              what whole GRPO recipes teach on held-out problems -> data/recipes.json;"
@@ -171,6 +172,12 @@ bench: model
 	$(BIN)/python bench/headroom.py
 	# every chapter in a fresh kernel: peak memory and minutes on the binder and full profiles
 	$(BIN)/python bench/memory.py --profiles binder,full
+
+# The reference GRPO run (recipes/reference_run.yaml) on this machine's cores, for hours: it trains
+# in $$GRPO_COURSE_CACHE/runs/reference, resumes where it stopped when run again, and exports the
+# finished run to data/runs/reference/ (bf16 adapters, config, metrics, machine, hours, commit).
+reference-run: model
+	$(BIN)/python bench/reference_run.py
 
 clean:
 	rm -rf _build $(SMOKE_SRC) $(CHECK_SRC)

@@ -19,14 +19,18 @@ from typing import Any, Self
 import torch
 from tqdm.auto import tqdm
 
-from .atomic import atomic_write
+from .atomic import atomic_write, write_json_atomic
 from .cli import CHECKPOINT
 from .config import ConfigError, GRPOConfig
+from .data import select_columns
 from .modeling import adapter_state, set_adapter_state
-from .runs import Tracker, append_metrics, save_run_config
+from .pool import pool_summary, screened_pool
+from .runs import Tracker, append_metrics, save_run_config, trim_metrics
 
 #: the warm start's trainable (LoRA) weights, saved beside its adapter
 STATE_FILE = "trainable.pt"
+#: a run folder's screened prompt pool (``prompt_pool: mixed``) and its kept adapter snapshots
+POOL_FILE, SNAPSHOTS = "pool.json", "steps"
 
 
 def load_adapter_state(model, folder) -> None:
@@ -84,7 +88,7 @@ class TrainingRun:
             cfg = dataclasses.asdict(self.config)
             (tmp / "trainer.json").write_text(json.dumps(
                 {"global_step": self.global_step, "sft_done": self.sft_done,
-                 "prompts_used": self.prompts_used, "config": cfg},
+                 "prompts_used": self.prompts_used, "config": cfg, "pool": self.pool},
                 indent=2))
         return atomic_write(Path(path), write, folder=True)
 
@@ -120,9 +124,36 @@ class TrainingRun:
         except Exception as exc:  # cut short, or another model's: torch's own errors
             raise ConfigError(f"{path / 'state.pt'} is not a readable checkpoint for this model "
                               f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+        if meta.get("pool") is not None:     # the screening of the run's start, not a new one
+            trainer.use_pool(meta["pool"])
         trainer.global_step, trainer.sft_done = meta["global_step"], meta["sft_done"]
+        if trainer.out_dir is not None:     # rows logged after the checkpoint are logged again
+            trim_metrics(trainer.out_dir, trainer.sft_done, trainer.global_step)
         trainer.prompts_used = meta.get("prompts_used", trainer.global_step * trainer.config.prompts_per_step)
         return trainer
+
+    def build_pool(self, progress: bool = True) -> dict[str, Any] | None:
+        """With ``prompt_pool: mixed``, screen the first ``pool_prompts`` prompts of GRPO's
+        order once with the current policy (the warm start; cached, :mod:`grpo_course.pool`)
+        and train on those it solved sometimes from here on. Returns the screening."""
+        cfg = self.config
+        if cfg.prompt_pool != "mixed":
+            return None
+        if self.pool is None:
+            ids = self.prompt_order[:cfg.pool_prompts]
+            self.pool = screened_pool(self.model, self.tokenizer, cfg,
+                                      select_columns(self.dataset, ids), ids, progress)
+        self.use_pool(self.pool)
+        return self.pool
+
+    def use_pool(self, pool: dict[str, Any]) -> None:
+        """Draw GRPO's prompts from ``pool["mixed"]`` (in GRPO's order), or a
+        :class:`ConfigError` when the screening kept none."""
+        if not pool["mixed"]:
+            raise ConfigError(f"the mixed prompt pool is empty: the policy solved none of the "
+                              f"{len(pool['ids'])} screened prompts sometimes; screen more "
+                              f"(pool_prompts) or start closer to the answer (lines_left)")
+        self.pool, self.prompt_order = pool, list(pool["mixed"])
 
     def _log(self, row: dict[str, Any]) -> None:
         self.history.append(row)
@@ -143,6 +174,9 @@ class TrainingRun:
             if self.out_dir is not None and cfg.sft_steps and self.global_step == 0 \
                     and not (self.out_dir / "sft" / "adapter_config.json").is_file():
                 self.save_model(self.out_dir / "sft")     # the warm-up alone, for attribution
+            pool = self.build_pool()               # prompt_pool: mixed (screened once)
+            if pool is not None and self.out_dir is not None:
+                write_json_atomic(self.out_dir / POOL_FILE, {**pool_summary(pool), **pool})
             bar = tqdm(range(self.global_step, max_steps), desc="grpo", leave=False)
             for _ in bar:
                 row = self.step()
@@ -150,6 +184,9 @@ class TrainingRun:
                 self._mark_step_boundary()
                 rows_out.append(row)
                 bar.set_postfix(reward=f"{row['reward']:.2f}", s=f"{row['step_seconds']:.1f}")
+                if cfg.snapshot_every and self.out_dir is not None and \
+                        self.global_step % cfg.snapshot_every == 0:
+                    self.save_model(self.out_dir / SNAPSHOTS / str(self.global_step))
                 if cfg.save_every and self.out_dir is not None and \
                         self.global_step % cfg.save_every == 0:
                     self.save_checkpoint(self.out_dir / CHECKPOINT)

@@ -1,8 +1,8 @@
-"""Configs and the two run profiles (``smoke`` for CI, ``full`` for students).
+"""Configs and the three run profiles (``smoke`` for CI, ``full`` for students, ``binder``).
 
 Every size a notebook uses comes from :func:`get_profile`, chosen by the
-environment variable ``GRPO_COURSE_PROFILE`` (``smoke`` | ``full``, default
-``full``). Notebooks never edit sizes in cells.
+environment variable ``GRPO_COURSE_PROFILE`` (``smoke`` | ``full`` | ``binder``, default
+``full``, or ``binder`` under 4 GiB). Notebooks never edit sizes in cells.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ PROFILE_NAMES = ("smoke", "full", "binder")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 SAMPLING_DTYPES = ("auto", "float32", "bfloat16")   # GRPOConfig.sampling_dtype (see sampling)
 PROMPT_ORDERS = ("random", "easy_first", "sequential")   # GRPOConfig.prompt_order
+PROMPT_POOLS = ("all", "mixed")                          # GRPOConfig.prompt_pool
 
 
 class ConfigError(CourseError, ValueError):
@@ -99,6 +100,17 @@ class GRPOConfig:
                 "solution's work lines but the last K, and the model writes those K lines and "
                 "the '#### N' line; a problem with K or fewer lines starts whole; none: whole "
                 "problems."})
+    prompt_pool: str = field(default="all", metadata={
+        "help": "all | mixed: a balanced prompt pool (arXiv 2504.03380). Once, at the run's start, "
+                "the warm start samples pool_samples answers to each of the first pool_prompts "
+                "prompts of GRPO's order, and GRPO then trains only on the prompts it solved "
+                "sometimes (a right-answer rate strictly between 0 and 1), whose groups are the "
+                "ones whose correctness reward teaches."})
+    pool_prompts: int = field(default=512, metadata={
+        "help": "Prompts the mixed pool screens (the first of GRPO's order; the warm-up draws "
+                "its rows from the order's other end)."})
+    pool_samples: int | None = field(default=None, metadata={
+        "help": "Samples per screened prompt; none: num_generations."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling: keep this much probability mass."})
     sampling_dtype: str = field(default="auto", metadata={
@@ -141,6 +153,9 @@ class GRPOConfig:
                 "logs every step)."})
     save_every: int = field(default=0, metadata={
         "help": "Steps between checkpoints; 0: only at the end (and on Ctrl-C)."})
+    snapshot_every: int = field(default=0, metadata={
+        "help": "Steps between kept adapter snapshots, DIR/steps/<step> (a learning curve tests "
+                "them); 0: none."})
     report_to: str = field(default="none", metadata={
         "help": "none | trackio: also log every step to trackio, offline (pip install trackio; "
                 "open the dashboard with `trackio show`). TRL's name."})
@@ -178,6 +193,15 @@ class GRPOConfig:
             raise ConfigError(f"train_micro_batch must be >= 1 (or none); got {self.train_micro_batch}")
         if self.lines_left is not None and self.lines_left < 1:
             raise ConfigError(f"lines_left must be >= 1 (or none: whole problems); got {self.lines_left}")
+        if self.prompt_pool not in PROMPT_POOLS:
+            raise ConfigError(f"prompt_pool must be one of {', '.join(PROMPT_POOLS)}; "
+                              f"got {self.prompt_pool!r}")
+        if self.pool_prompts < 1 or (self.pool_samples is not None and self.pool_samples < 2):
+            raise ConfigError(f"pool_prompts must be >= 1 and pool_samples >= 2 (or none); got "
+                              f"{self.pool_prompts} and {self.pool_samples}")
+        if self.save_every < 0 or self.snapshot_every < 0:
+            raise ConfigError(f"save_every and snapshot_every must be >= 0; got {self.save_every} "
+                              f"and {self.snapshot_every}")
         if self.report_to not in ("none", "trackio"):
             raise ConfigError(f"report_to must be none or trackio; got {self.report_to!r}")
 

@@ -404,6 +404,16 @@ def correct_completions(per_func: dict[str, torch.Tensor]) -> int | None:
     return None if scores is None else int((scores >= EXACT_REWARD).sum())
 
 
+def correct_mixed_groups(per_func: dict[str, torch.Tensor], group_size: int) -> int | None:
+    """How many sampled groups hold both an exactly right answer and a wrong one (the groups
+    whose correctness reward teaches), or ``None`` when the run has no ``correctness`` reward."""
+    scores = per_func.get("correctness")
+    if scores is None:
+        return None
+    right = (scores >= EXACT_REWARD).float().view(-1, group_size).mean(1)
+    return int(((right > 0) & (right < 1)).sum())
+
+
 def run_rewards(config: GRPOConfig, reward_funcs: dict[str, Callable] | None = None) -> dict[str, Callable]:
     """A run's reward functions by name: ``reward_funcs``, or the course's that
     ``config.reward_weights`` names, and ``config.dynamic_sampling_reward``'s (scored for DAPO's

@@ -35,6 +35,20 @@ RUN_KEYS = ("trainer", "profile")   # the keys of a run's config.yaml that are n
 TRACKIO_PROJECT = "grpo-course"
 
 
+def trim_metrics(out_dir: Path, sft_done: int, global_step: int) -> None:
+    """Keep the rows of ``out_dir``'s metrics file that a checkpoint at ``sft_done`` warm-up
+    steps and ``global_step`` GRPO steps had logged (a resumed run logs the rest again, so it
+    ends with the file an uninterrupted run writes); rewritten atomically."""
+    path = Path(out_dir) / METRICS_FILE
+    if not path.is_file():
+        return
+    rows = [r for r in read_metrics(path)
+            if (r.get("phase") == "sft" and r.get("sft_step", 0) < sft_done)
+            or (r.get("phase") == "grpo" and r.get("step", 0) < global_step)
+            or r.get("phase") not in ("sft", "grpo")]
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
 def read_metrics(source) -> list[dict]:
     """Rows of a ``metrics.jsonl`` file (or a folder holding one, or a list of rows)."""
     if isinstance(source, (list, tuple)):

@@ -54,7 +54,7 @@ from .modeling import (
 )
 from .models import load_model, quiet_loading
 from .precision import frozen_linear_weights_as, hold_frozen_weights_in
-from .rewards import correct_completions, run_rewards, score_groups
+from .rewards import correct_completions, correct_mixed_groups, run_rewards, score_groups
 from .sampling import concat_batches, resolve_sampling_dtype, sample_completions
 from .sft import SFTWarmup
 
@@ -98,6 +98,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         self.global_step = 0        # GRPO steps done
         self.sft_done = 0           # SFT steps done
         self.prompts_used = 0       # GRPO prompts drawn so far (dynamic sampling draws extra)
+        self.pool: dict[str, Any] | None = None   # the mixed pool's screening (prompt_pool)
         self.history: list[dict[str, Any]] = []
         self.tracker = None          # a runs.Tracker while train() runs (report_to="trackio")
         self.sft_optimizer = None   # the warm-up's own AdamW (made by sft(), kept in checkpoints)
@@ -245,6 +246,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                "clipped_ratio": info["clipped_ratio"],
                # completions whose answer is the gold number: the only ones that can teach correctness
                "correct_completions": correct_completions(info["per_func"]),
+               "correct_mixed_groups": correct_mixed_groups(info["per_func"], G),
                "train_dtype": "bfloat16" if bf16 else "float32",
                "skipped": not learn, "step_seconds": seconds, "sampling_seconds": sampled - start,
                "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds}

@@ -1,0 +1,122 @@
+"""The reference GRPO run: train ``recipes/reference_run.yaml`` on this machine, resumably, then
+ship its folder.
+
+    python bench/reference_run.py                  # make reference-run: trains, then exports
+    python bench/reference_run.py --export-only    # export a finished run again
+
+The run trains with the train CLI (``python -m grpo_course.train --resume``) in a work folder
+outside the checkout (``$GRPO_COURSE_CACHE/runs/reference``): stopped at any point (Ctrl-C, a
+closed laptop), the same command continues from its last checkpoint and ends where an
+uninterrupted run would. When the run has all its steps, its folder is exported to
+``data/runs/reference/`` in the train CLI's layout: the final adapter at the top and the warm
+start it began from in ``sft/`` (both with bf16 weights), ``config.yaml``, ``metrics.jsonl``,
+``pool.json`` (the screened prompts), and ``run.json``: the machine, the hours of training and
+the commit that trained it. Prints one JSON line.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from grpo_course.atomic import atomic_write, write_json_atomic
+from grpo_course.checkpoints import POOL_FILE
+from grpo_course.config import RECIPES_DIR, ConfigError
+from grpo_course.errors import OneLineArgumentParser, report
+from grpo_course.hardware import bench_facts
+from grpo_course.models import cache_dir
+from grpo_course.runs import METRICS_FILE, RUN_CONFIG_FILE, read_metrics
+
+RECIPE = RECIPES_DIR / "reference_run.yaml"
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "tokenizer.json",
+                 "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+STARTED = "started.json"          # in the work folder: the commit and time of the first start
+
+
+def commit() -> str:
+    """This checkout's commit (with ``-dirty`` when tracked files differ from it)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+        return head + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def copy_adapter(src: Path, dst: Path) -> None:
+    """The adapter folder ``src`` into ``dst``, its floating-point weights stored as bf16."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ADAPTER_FILES:
+        if (src / name).is_file() and name != "adapter_model.safetensors":
+            shutil.copy2(src / name, dst / name)
+    weights = load_file(src / "adapter_model.safetensors")
+    save_file({k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in weights.items()},
+              dst / "adapter_model.safetensors", metadata={"format": "pt"})
+
+
+def export(work: Path, out: Path) -> dict:
+    """Write the finished run in ``work`` to ``out`` (atomically, as one folder)."""
+    config = (work / RUN_CONFIG_FILE).read_text()
+    rows = read_metrics(work)
+    grpo = [r for r in rows if r.get("phase") == "grpo"]
+    pool = json.loads((work / POOL_FILE).read_text()) if (work / POOL_FILE).is_file() else {}
+    started = json.loads((work / STARTED).read_text())
+    seconds = sum(r.get("step_seconds", 0.0) for r in rows) + pool.get("seconds", 0.0)
+    info = {"recipe": "recipes/reference_run.yaml", "commit": started["commit"],
+            "started": started["time"], "grpo_steps": len(grpo),
+            "sft_steps": sum(r.get("phase") == "sft" for r in rows),
+            "hours": round(seconds / 3600, 3), "machine": bench_facts(),
+            "reproduce": "make reference-run"}
+
+    def write(tmp: Path) -> None:
+        copy_adapter(work, tmp)
+        copy_adapter(work / "sft", tmp / "sft")
+        (tmp / RUN_CONFIG_FILE).write_text(config)
+        shutil.copy2(work / METRICS_FILE, tmp / METRICS_FILE)
+        if pool:
+            shutil.copy2(work / POOL_FILE, tmp / POOL_FILE)
+        (tmp / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+    atomic_write(out, write, folder=True)
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineArgumentParser(prog="python bench/reference_run.py", description=__doc__)
+    parser.add_argument("--work", default=None,
+                        help="where the run trains (default $GRPO_COURSE_CACHE/runs/reference)")
+    parser.add_argument("--out", default=str(ROOT / "data" / "runs" / "reference"),
+                        help="where the finished run is exported")
+    parser.add_argument("--export-only", action="store_true", help="only export a finished run")
+    args, extra = parser.parse_known_args(argv)     # more words go to the train CLI
+    work = Path(args.work) if args.work else cache_dir() / "runs" / "reference"
+    try:
+        if not args.export_only:
+            if not (work / STARTED).is_file():
+                write_json_atomic(work / STARTED, {"commit": commit(),
+                                                   "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+            from grpo_course.train import main as train
+            code = train(["--profile", "full", "--config", str(RECIPE), "--out", str(work),
+                          "--resume", *extra])
+            if code:
+                return code
+        if not (work / "adapter_model.safetensors").is_file():
+            raise ConfigError(f"{work} holds no finished run: run python bench/reference_run.py")
+        info = export(work, Path(args.out))
+    except (ValueError, RuntimeError, OSError) as exc:
+        return report(exc)
+    print(json.dumps({"out": args.out, **info}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

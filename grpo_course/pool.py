@@ -1,0 +1,99 @@
+"""A balanced prompt pool: GRPO on the prompts the policy solves sometimes, not never or always.
+
+A group teaches correctness only where some of its answers are right and some wrong: its
+advantages are then non-zero, and the gradient grows with the variance of the right-answer
+rate (balanced online difficulty filtering, arXiv 2504.03380; DAPO's dynamic sampling is the
+same filter applied online, step by step). :func:`screen_prompts` samples answers to each
+training prompt once, at the run's start, with the warm start; :func:`mixed_ids` keeps those
+solved sometimes. :func:`screened_pool` caches the screening, keyed by the weights that sampled
+it, the prompts, the sampling settings and the code (:mod:`grpo_course.fingerprint`), so a
+rerun of a recipe screens once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+import torch
+
+from .atomic import write_json_atomic
+from .data import gold_start
+from .evaluate import correct_counts
+from .fingerprint import code_fingerprint, data_hash
+from .models import cache_dir
+from .sampling import resolve_sampling_dtype
+
+
+def mixed_ids(ids: list[int], correct: list[int], samples: int) -> list[int]:
+    """The ``ids`` whose screened right answers are strictly between 0 and ``samples``."""
+    return [i for i, c in zip(ids, correct, strict=True) if 0 < c < samples]
+
+
+def screen_prompts(model, tokenizer, rows: dict[str, list], samples: int, max_new_tokens: int,
+                   lines_left: int | None, temperature: float = 1.0, seed: int = 0,
+                   sampling_dtype: str = "auto", batch_prompts: int = 8,
+                   progress: bool = True) -> list[int]:
+    """How many of ``samples`` sampled answers to each prompt of ``rows`` (columns) are right,
+    each prompt at the trainer's start (its gold start of ``lines_left``; a problem with that
+    many lines or fewer starts whole)."""
+    starts = [gold_start(s, lines_left) or "" for s in rows["solution"]]
+    problems = [{"question": q, "answer": a, "start": s}
+                for q, a, s in zip(rows["question"], rows["answer"], starts, strict=True)]
+    return correct_counts(model, tokenizer, problems, samples, max_new_tokens, temperature,
+                          seed, batch_prompts, sampling_dtype, progress, "screening the pool")
+
+
+def _weights_hash(model) -> str:
+    """A hash of the trainable (adapter) weights, or of every weight when none is trainable."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] or \
+        list(model.named_parameters())
+    digest = hashlib.blake2b(digest_size=16)
+    for name, p in params:
+        t = p.detach().float().contiguous()
+        digest.update(f"{name}:{tuple(t.shape)}".encode())
+        digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int],
+                  progress: bool = True) -> dict[str, Any]:
+    """``{"ids", "correct", "samples", "mixed"}``: the screening of the prompts ``ids`` (their
+    ``rows``) by ``model`` with ``config``'s start, budget, temperature and seed, and the ids it
+    keeps; read from the cache when the same weights screened the same prompts before."""
+    samples = config.pool_samples or config.num_generations
+    key = {"weights": _weights_hash(model), "model": config.model, "data": data_hash([{"question": q, "answer": a} for q, a in
+                                      zip(rows["question"], rows["answer"], strict=True)]),
+           "ids": ids, "samples": samples, "max_new_tokens": config.max_completion_length,
+           "lines_left": config.lines_left, "temperature": config.temperature,
+           "seed": config.seed,
+           "dtype": str(resolve_sampling_dtype(config.sampling_dtype) or "float32"),
+           "code": code_fingerprint("grpo_course.pool")}
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    path = cache_dir() / "pools" / f"{name}.json"
+    try:
+        stored = json.loads(path.read_text())
+        if stored["ids"] == ids and len(stored["correct"]) == len(ids):
+            return stored
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    start = time.perf_counter()
+    correct = screen_prompts(model, tokenizer, rows, samples, config.max_completion_length,
+                             config.lines_left, config.temperature, config.seed,
+                             config.sampling_dtype, progress=progress)
+    pool = {"ids": ids, "correct": correct, "samples": samples,
+            "mixed": mixed_ids(ids, correct, samples),
+            "seconds": round(time.perf_counter() - start, 1)}
+    write_json_atomic(path, pool)
+    return pool
+
+
+def pool_summary(pool: dict[str, Any]) -> dict[str, Any]:
+    """The screening in numbers: prompts screened, kept, and the share never / sometimes /
+    always solved."""
+    n, s = len(pool["correct"]), pool["samples"]
+    never = sum(c == 0 for c in pool["correct"])
+    always = sum(c == s for c in pool["correct"])
+    return {"screened": n, "kept": len(pool["mixed"]), "samples": s,
+            "never": never / n, "mixed": len(pool["mixed"]) / n, "always": always / n}
