@@ -30,7 +30,7 @@ from .answers import (
     extract_hash_answer,
 )
 from .atomic import atomic_write, write_json_atomic
-from .config import SAMPLING_DTYPES, ConfigError
+from .config import PROFILES, SAMPLING_DTYPES, START_BUDGETS, ConfigError
 from .data import (
     STRATA,
     SYSTEM_PROMPT,
@@ -51,6 +51,7 @@ from .stats import (
     mcnemar_test,
     mean_interval,
     mixed_group_chance,
+    paired_difference,
     pass_at_k_estimate,
     wilson_interval,
 )
@@ -253,33 +254,53 @@ def _decode_block(model, tokenizer, rows, prompts, first: int, batch_size: int,
     return [r for r in records if r is not None]
 
 
-def evaluate(model_name: str, split: str = "test", n: int = 200, offset: int = 0,
-             data_dir: str | None = None, batch_size: int = 32, max_new_tokens: int = 256,
-             progress: bool = True, sampling_dtype: str | None = "auto",
-             lines_left: int | None = None) -> EvalResult:
-    """Load ``model_name`` (bundled name, folder or hub id) and evaluate it on
-    ``n`` problems of ``split`` starting at row ``offset``; with ``lines_left`` at the gold
-    start that leaves that many work lines (problems with fewer are skipped, and a line on
-    stderr says how many)."""
-
+def held_out_rows(split: str = "test", n: int = 200, offset: int = 0,
+                  data_dir: str | None = None, lines_left: int | None = None):
+    """``n`` problems of ``split`` from row ``offset`` on; with ``lines_left`` at the gold start
+    that leaves that many work lines (problems with fewer are skipped, and a line on stderr says
+    how many). A :class:`ValueError` naming the option when nothing is left."""
     dataset = load_gsm8k(split, data_dir=data_dir, limit=n, offset=offset)
     if len(dataset) == 0:
         raise ValueError(f"no GSM8K {split} problems to evaluate from row {offset} on: the file is "
                          f"empty or --offset is past its end")
-    if lines_left is not None:
-        starts = gold_starts(dataset, check_lines_left(lines_left))
-        skipped = len(dataset) - len(starts)
-        if len(starts) == 0:
-            raise ValueError(f"none of the {len(dataset)} problems has {lines_left} or more work "
-                             f"lines: --lines-left {lines_left} leaves nothing to evaluate")
-        if skipped:
-            print(f"--lines-left {lines_left}: skipped {skipped} of {len(dataset)} problems with "
-                  f"fewer work lines; evaluating {len(starts)}", file=sys.stderr)
-        dataset = starts
+    if lines_left is None:
+        return dataset
+    starts = gold_starts(dataset, check_lines_left(lines_left))
+    skipped = len(dataset) - len(starts)
+    if len(starts) == 0:
+        raise ValueError(f"none of the {len(dataset)} problems has {lines_left} or more work "
+                         f"lines: --lines-left {lines_left} leaves nothing to evaluate")
+    if skipped:
+        print(f"--lines-left {lines_left}: skipped {skipped} of {len(dataset)} problems with "
+              f"fewer work lines; evaluating {len(starts)}", file=sys.stderr)
+    return starts
+
+
+def evaluate(model_name: str, split: str = "test", n: int = 200, offset: int = 0,
+             data_dir: str | None = None, batch_size: int = 32, max_new_tokens: int = 256,
+             progress: bool = True, sampling_dtype: str | None = "auto",
+             lines_left: int | None = None) -> EvalResult:
+    """Load ``model_name`` (bundled name, folder or hub id) and evaluate it greedily on
+    ``n`` problems of ``split`` starting at row ``offset`` (:func:`held_out_rows`)."""
+
+    dataset = held_out_rows(split, n, offset, data_dir, lines_left)
     model, tokenizer = load_model(model_name)
     return evaluate_model(model, tokenizer, dataset, batch_size=batch_size,
                           max_new_tokens=max_new_tokens, progress=progress, name=model_name,
                           sampling_dtype=sampling_dtype)
+
+
+def evaluate_sampled(model_name: str, dataset, samples: int, max_new_tokens: int,
+                     temperature: float = 1.0, seed: int = 0, batch_prompts: int = 4,
+                     sampling_dtype: str | None = "auto", progress: bool = True) -> SampledResult:
+    """Load ``model_name`` and sample ``samples`` answers to each problem of ``dataset``
+    (:func:`sampled_records`): pass@1 and pass@k of one model."""
+    model, tokenizer = load_model(model_name)
+    start = time.perf_counter()
+    records = sampled_records(model, tokenizer, dataset, samples, max_new_tokens, temperature,
+                              seed, batch_prompts, sampling_dtype, progress, f"{model_name}: "
+                              f"{samples} samples")
+    return SampledResult(samples, records, time.perf_counter() - start, model_name)
 
 
 def compare(a: EvalResult, b: EvalResult) -> dict[str, Any]:
@@ -340,20 +361,68 @@ def _sampled_blocks(model, tokenizer, rows: list, k: int, max_new_tokens: int, t
         yield chunk, batch.completions
 
 
+def sampled_records(model, tokenizer, dataset, samples: int, max_new_tokens: int,
+                    temperature: float = 1.0, seed: int = 0, batch_prompts: int = 4,
+                    sampling_dtype: str | None = "auto", progress: bool = True,
+                    desc: str | None = None) -> list[dict[str, Any]]:
+    """``samples`` sampled answers to each problem of ``dataset`` (at its ``start``, where the
+    rows have one), one record a problem: its ``idx``, ``difficulty``, and how many answers were
+    ``right`` and ``formatted`` (a ``#### N`` line)."""
+    records = []
+    for chunk, texts in _sampled_blocks(model, tokenizer, list(dataset), samples, max_new_tokens,
+                                        temperature, seed, batch_prompts, sampling_dtype,
+                                        desc or f"{samples} samples", progress):
+        for j, r in enumerate(chunk):
+            answers = [extract_hash_answer(t) for t in texts[j * samples:(j + 1) * samples]]
+            records.append({"idx": r.get("idx"), "difficulty": r.get("difficulty"),
+                            "right": sum(answers_match(a, r["answer"]) for a in answers),
+                            "formatted": sum(a is not None for a in answers)})
+    return records
+
+
 def correct_counts(model, tokenizer, dataset, samples: int, max_new_tokens: int,
                    temperature: float = 1.0, seed: int = 0, batch_prompts: int = 4,
                    sampling_dtype: str | None = "auto", progress: bool = True,
                    desc: str | None = None) -> list[int]:
     """How many of ``samples`` sampled answers to each problem of ``dataset`` are right (at its
     ``start``, where the rows have one): what pass@k and the mixed groups are estimated from."""
-    counts = []
-    for chunk, texts in _sampled_blocks(model, tokenizer, list(dataset), samples, max_new_tokens,
-                                        temperature, seed, batch_prompts, sampling_dtype,
-                                        desc or f"{samples} samples", progress):
-        for j, r in enumerate(chunk):
-            counts.append(sum(answers_match(extract_hash_answer(t), r["answer"])
-                              for t in texts[j * samples:(j + 1) * samples]))
-    return counts
+    return [r["right"] for r in sampled_records(model, tokenizer, dataset, samples, max_new_tokens,
+                                                temperature, seed, batch_prompts, sampling_dtype,
+                                                progress, desc)]
+
+
+@dataclass
+class SampledResult:
+    """A sampled evaluation: ``samples`` answers to each of ``n`` problems at a temperature."""
+
+    samples: int
+    records: list[dict[str, Any]] = field(repr=False, default_factory=list)
+    seconds: float = 0.0
+    model: str = ""
+
+    @property
+    def pass_at_1(self) -> dict[str, float]:
+        """The mean share of right answers per problem, with its 95 % interval over problems."""
+        return mean_interval([r["right"] / self.samples for r in self.records], (0, 1))
+
+    def summary(self) -> dict[str, Any]:
+        n, k = len(self.records), self.samples
+        solved = sum(r["right"] > 0 for r in self.records)
+        return {"model": self.model, "n": n, "samples": k, "pass_at_1": self.pass_at_1,
+                f"pass_at_{k}": {"mean": solved / n, "ci95": list(wilson_interval(solved, n))},
+                "format_rate": sum(r["formatted"] for r in self.records) / (n * k),
+                "right": [r["right"] for r in self.records], "seconds": round(self.seconds, 1)}
+
+
+def compare_sampled(a: SampledResult, b: SampledResult) -> dict[str, Any]:
+    """Paired difference of pass@1 over the same problems, B minus A: its mean, 95 % interval
+    and p (:func:`~grpo_course.stats.paired_difference`), and the problems up and down."""
+    if [r["idx"] for r in a.records] != [r["idx"] for r in b.records] or a.samples != b.samples:
+        raise ValueError("the two sampled evaluations are not of the same problems and samples")
+    ra, rb = [r["right"] for r in a.records], [r["right"] for r in b.records]
+    test = paired_difference([x / a.samples for x in ra], [y / b.samples for y in rb])
+    return {"pass_at_1": test, "up": sum(y > x for x, y in zip(ra, rb, strict=True)),
+            "down": sum(y < x for x, y in zip(ra, rb, strict=True))}
 
 
 def pass_at_k(model, tokenizer, dataset, k: int, max_new_tokens: int, temperature: float = 1.0,
@@ -471,7 +540,9 @@ def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict
 def _parser() -> OneLineArgumentParser:
     """The command line of ``python -m grpo_course.evaluate``."""
     parser = OneLineArgumentParser(prog="python -m grpo_course.evaluate",
-                                     description="Greedy GSM8K evaluation with 95 % intervals.")
+                                   description="GSM8K evaluation with 95 %% intervals: greedy "
+                                               "accuracy, or with --samples K sampled pass@1 "
+                                               "and pass@K.")
     parser.add_argument("--model", default="smollm2-135m-instruct",
                         help="bundled name, a model/adapter folder, or a hub id")
     parser.add_argument("--split", default="test", choices=["train", "test"])
@@ -479,40 +550,112 @@ def _parser() -> OneLineArgumentParser:
     parser.add_argument("--offset", type=int, default=0, help="first problem (row number)")
     parser.add_argument("--data-dir", default=None, help="GSM8K folder (else $GSM8K_DIR, else hub)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="completion budget (default: 256 greedy; with --samples the budget "
+                             "GRPO samples at that start, config.START_BUDGETS)")
     parser.add_argument("--sampling-dtype", default="auto", choices=SAMPLING_DTYPES,
                         help="decoder weight precision (auto: bf16 on CPUs with native bf16)")
     parser.add_argument("--lines-left", type=int, default=None, metavar="K",
                         help="evaluate at the gold start: the answer begins with each solution's "
                              "work lines but the last K (problems with fewer lines are skipped)")
+    parser.add_argument("--samples", type=int, default=None, metavar="K",
+                        help="sample K answers to each problem (--temperature): right answers "
+                             "per problem, pass@1 and pass@K with 95 %% intervals")
+    parser.add_argument("--temperature", type=float, default=1.0, help="with --samples")
+    parser.add_argument("--seed", type=int, default=0, help="with --samples: the sampler's seed")
     parser.add_argument("--csv", default=None, help="write per-problem records here")
     parser.add_argument("--compare", default=None, metavar="OTHER",
                         help="also evaluate OTHER on the same problems and test the difference "
-                             "(paired, exact McNemar)")
+                             "(paired: exact McNemar greedy; with --samples the paired "
+                             "difference of pass@1, OTHER minus MODEL, its 95 %% CI and p)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m grpo_course.evaluate``: greedy accuracy of one model (or two, paired) with its
-    95 % interval, as text or one JSON object."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+def _budget(parser, args) -> int:
+    """The completion budget: ``--max-new-tokens``, else the default of the mode and start; a
+    sampled budget shorter than GRPO's at that start is an error naming both."""
+    if args.samples is None:
+        return 256 if args.max_new_tokens is None else args.max_new_tokens
+    need = START_BUDGETS.get(args.lines_left, PROFILES["full"].eval.max_new_tokens)
+    if args.max_new_tokens is None:
+        return need
+    if args.max_new_tokens < need:
+        where = "whole problems" if args.lines_left is None else f"--lines-left {args.lines_left}"
+        parser.error(f"--max-new-tokens {args.max_new_tokens} is too short for --samples at "
+                     f"{where}: an answer there needs up to {need} tokens (the budget GRPO "
+                     f"samples with)")
+    return args.max_new_tokens
+
+
+def _check(parser, args) -> int:
+    """Every numeric option in range (one error line naming it); returns the budget."""
     for flag, value, low in (("--n", args.n, 1), ("--offset", args.offset, 0),
                              ("--batch-size", args.batch_size, 1),
-                             ("--max-new-tokens", args.max_new_tokens, 1),
-                             ("--lines-left", 1 if args.lines_left is None else args.lines_left, 1)):
+                             ("--max-new-tokens", args.max_new_tokens or 1, 1),
+                             ("--lines-left", 1 if args.lines_left is None else args.lines_left, 1),
+                             ("--samples", 1 if args.samples is None else args.samples, 1)):
         if value < low:
             parser.error(f"{flag} must be >= {low}; got {value}")
+    if not args.temperature > 0:
+        parser.error(f"--temperature must be > 0; got {args.temperature}")
     if args.csv and (Path(args.csv).is_dir() or not Path(args.csv).parent.is_dir()):
         parser.error(f"--csv {args.csv!r} must name a file in an existing folder")
+    if args.csv and args.samples:
+        parser.error("--csv writes greedy records; with --samples use --json")
+    return _budget(parser, args)
+
+
+def _sampled_main(args, names: list[str], budget: int) -> int:
+    """``--samples K``: each model's sampled evaluation, and the paired test with ``--compare``."""
+    try:
+        quiet_loading()
+        rows = held_out_rows(args.split, args.n, args.offset, args.data_dir, args.lines_left)
+        if args.compare and len(rows) < 2:
+            raise ValueError(f"a paired test needs at least 2 problems; --n {args.n} gives "
+                             f"{len(rows)}")
+        results = [evaluate_sampled(name, rows, args.samples, budget, args.temperature,
+                                    args.seed, sampling_dtype=args.sampling_dtype,
+                                    progress=not args.json) for name in names]
+        summary = results[0].summary() if len(rows) > 1 else None
+    except (ValueError, RuntimeError, OSError) as exc:
+        return report(exc)
+    if summary is None:
+        return report(f"--n {args.n} gives 1 problem: an interval over problems needs 2 or more")
+    if args.compare:
+        summary["compare"] = {"other": results[1].summary(), **compare_sampled(*results)}
+    if args.json:
+        print(json.dumps({**summary, "run_configs": run_configs(names)}))
+        return 0
+    k = args.samples
+    for r in (summary, *([summary["compare"]["other"]] if args.compare else [])):
+        p1, pk = r["pass_at_1"], r[f"pass_at_{k}"]
+        print(f"{r['model']}: pass@1 {p1['mean']:.1%} (95% CI {p1['lo']:.1%}-{p1['hi']:.1%}), "
+              f"pass@{k} {pk['mean']:.1%}, format {r['format_rate']:.1%}, n={r['n']} x {k} "
+              f"samples, {r['seconds']:.0f} s")
+    if args.compare:
+        d = summary["compare"]["pass_at_1"]
+        print(f"{args.compare} - {args.model}: pass@1 {d['difference']:+.1%} (95% CI "
+              f"{d['lo']:+.1%} to {d['hi']:+.1%}, paired t p = {d['p_value']:.3g}; "
+              f"{summary['compare']['up']} problems up, {summary['compare']['down']} down)")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m grpo_course.evaluate``: greedy accuracy of one model (or two, paired) with its
+    95 % interval, or with ``--samples`` sampled pass@1 and pass@K, as text or one JSON object."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    budget = _check(parser, args)
     names = [args.model] + ([args.compare] if args.compare else [])
+    if args.samples is not None:
+        return _sampled_main(args, names, budget)
     results = []
     try:
         quiet_loading()
         for name in names:
             results.append(evaluate(name, args.split, args.n, args.offset, args.data_dir,
-                                    args.batch_size, args.max_new_tokens, progress=not args.json,
+                                    args.batch_size, budget, progress=not args.json,
                                     sampling_dtype=args.sampling_dtype,
                                     lines_left=args.lines_left))
         if args.csv:
@@ -544,4 +687,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-

@@ -318,3 +318,63 @@ def test_cli_refuses_a_start_no_problem_has(tmp_path, capsys):
     assert main(["--data-dir", str(tmp_path), "--n", "6", "--lines-left", "9", "--json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "none of the 6 problems has 9 or more work lines" in err[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--samples", "0"], "--samples must be >= 1; got 0"),
+    (["--samples", "2.5"], "argument --samples: invalid int value: '2.5'"),
+    (["--samples", "eight"], "argument --samples: invalid int value: 'eight'"),
+    (["--samples", "8", "--lines-left", "1", "--max-new-tokens", "32"],
+     "--max-new-tokens 32 is too short for --samples at --lines-left 1: an answer there needs "
+     "up to 64 tokens"),
+    (["--samples", "8", "--max-new-tokens", "100"],
+     "--max-new-tokens 100 is too short for --samples at whole problems"),
+    (["--samples", "4", "--temperature", "0"], "--temperature must be > 0; got 0.0"),
+])
+def test_cli_rejects_bad_samples_in_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "--n", "2"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_sampled_result_and_the_paired_difference():
+    from grpo_course.evaluate import SampledResult, compare_sampled
+    a = SampledResult(4, [{"idx": i, "right": r, "formatted": 4} for i, r in enumerate([0, 1, 2, 0])])
+    b = SampledResult(4, [{"idx": i, "right": r, "formatted": 3} for i, r in enumerate([1, 1, 4, 0])])
+    s = b.summary()
+    assert s["pass_at_1"]["mean"] == pytest.approx(6 / 16) and s["pass_at_4"]["mean"] == 0.75
+    assert s["format_rate"] == 0.75 and s["right"] == [1, 1, 4, 0]
+    test = compare_sampled(a, b)
+    assert test["pass_at_1"]["difference"] == pytest.approx((6 - 3) / 16)
+    assert test["up"] == 2 and test["down"] == 0 and test["pass_at_1"]["n"] == 4
+    assert test["pass_at_1"]["lo"] < test["pass_at_1"]["difference"] < test["pass_at_1"]["hi"]
+    with pytest.raises(ValueError, match="not of the same problems"):
+        compare_sampled(a, SampledResult(4, a.records[:3]))
+
+
+def test_sampled_records_count_right_and_formatted_answers(monkeypatch):
+    from grpo_course import evaluate as ev
+    rows = [{"idx": 7, "difficulty": "basic", "answer": "5"},
+            {"idx": 8, "difficulty": "advanced", "answer": "2,000"}]
+    texts = ["so #### 5", "#### 6", "no answer", "#### 5.0", "#### 2000", "x", "#### 1", "y"]
+    monkeypatch.setattr(ev, "_sampled_blocks", lambda *a, **k: iter([(rows, texts)]))
+    records = ev.sampled_records(None, None, rows, 4, 64)
+    assert records == [{"idx": 7, "difficulty": "basic", "right": 2, "formatted": 3},
+                       {"idx": 8, "difficulty": "advanced", "right": 1, "formatted": 2}]
+    assert ev.correct_counts(None, None, rows, 4, 64) == [2, 1]
+
+
+@pytest.mark.slow
+def test_cli_samples_compare_a_model_with_itself(gsm8k_dir):
+    out = subprocess.run([sys.executable, "-m", "grpo_course.evaluate", "--data-dir", str(gsm8k_dir),
+                          "--n", "2", "--lines-left", "1", "--samples", "2", "--json",
+                          "--compare", "smollm2-135m-instruct"],
+                         capture_output=True, text=True, timeout=600, check=True)
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["n"] == 2 and summary["samples"] == 2 and len(summary["right"]) == 2
+    # the same weights and seed sample the same answers: a difference of exactly 0, p = 1
+    test = summary["compare"]["pass_at_1"]
+    assert test["difference"] == 0 and test["p_value"] == 1.0
+    assert summary["compare"]["up"] == summary["compare"]["down"] == 0
