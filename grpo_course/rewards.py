@@ -399,7 +399,8 @@ def score_groups(completions: list, rows: dict[str, list], reward_funcs: dict[st
 
 def correct_completions(per_func: dict[str, torch.Tensor]) -> int | None:
     """How many sampled completions the ``correctness`` reward scored as exactly right (its top
-    tier), or ``None`` when the run has no ``correctness`` reward."""
+    tier: the only ones that can teach correctness), or ``None`` when the run has no
+    ``correctness`` reward."""
     scores = per_func.get("correctness")
     return None if scores is None else int((scores >= EXACT_REWARD).sum())
 

@@ -1,23 +1,19 @@
 """The from-scratch GRPO trainer: sample -> reward -> advantages -> loss -> step.
 
 :class:`CourseTrainer` strings together :mod:`grpo_course.sampling`, :mod:`grpo_course.rewards`
-and :mod:`grpo_course.grpo`, with TRL's names where TRL has the same part: one step
-(:meth:`~CourseTrainer.step`) samples G completions per prompt and scores them
-(:meth:`~CourseTrainer._generate_and_score_completions`; with ``dynamic_sampling`` it resamples
-until the step holds enough groups with unequal rewards), then runs ``num_iterations`` updates of
-the clipped loss on that batch (:meth:`~CourseTrainer.compute_loss` of one forward/backward pass
-at a time, then its backward). It trains LoRA adapters by default and keeps no reference model when ``beta == 0`` (with
-``beta > 0`` the reference is the same weights with the adapter switched off). Where the sampler
-decodes at the policy's precision its log-probs are the ``old_per_token_logps``; where it decodes
-in bf16 (``sampling_dtype``), as TRL does when each batch is used once, they are the policy's own,
-detached (ratio 1, no extra forward pass), and the gap is logged as ``sampler_logp_gap``.
+and :mod:`grpo_course.grpo` with TRL's names: :meth:`~CourseTrainer.step` samples and scores G
+completions per prompt (:meth:`~CourseTrainer._generate_and_score_completions`, resampling with
+``dynamic_sampling``), then runs ``num_iterations`` updates of the clipped loss
+(:meth:`~CourseTrainer.compute_loss`, one forward/backward pass at a time). LoRA by default; no
+reference model when ``beta == 0`` (else the same weights, adapter off). A sampler at the policy's
+precision gives the ``old_per_token_logps``; one in bf16 (TRL's choice when each batch is used
+once) leaves the policy's own, detached (ratio 1), and logs the gap as ``sampler_logp_gap``.
 
-The SFT warm-up is :mod:`grpo_course.sft`'s, the loop, log, checkpoints and resuming are
+The warm-up is :mod:`grpo_course.sft`'s; the loop, log, pool, checkpoints and resuming are
 :mod:`grpo_course.checkpoints`' (mixed in). CLI: ``python -m grpo_course.train --profile full
---out DIR`` trains and saves an adapter folder that :func:`grpo_course.models.load_model` loads,
-and the warm-up's adapter in ``DIR/sft``; every :class:`GRPOConfig` field is a flag, a YAML
-recipe sets any of them (:mod:`grpo_course.cli`), and ``DIR/config.yaml`` keeps the resolved
-config.
+--out DIR`` saves an adapter folder (:func:`grpo_course.models.load_model` loads it), the
+warm-up's in ``DIR/sft`` and the resolved config in ``DIR/config.yaml``; every
+:class:`GRPOConfig` field is a flag and a YAML recipe key (:mod:`grpo_course.cli`).
 """
 from __future__ import annotations
 
@@ -139,11 +135,10 @@ class CourseTrainer(SFTWarmup, TrainingRun):
 
     def _generate_and_score_completions(self, rows: dict[str, list]):
         """Sample G completions per prompt of ``rows`` and score them. With ``dynamic_sampling``
-        (DAPO) groups whose rewards all tie (judged on ``dynamic_sampling_reward`` when it names
-        one) are set aside and further prompts are sampled, ``prompts_per_round`` at a time, up to
-        ``max_sampling_rounds`` rounds, until the step holds ``prompts_per_step`` informative
-        groups. Returns the training batch, its rewards, and what every sampled completion
-        scored (the policy's reward, informative or not) with the sampling counts."""
+        (DAPO) groups whose rewards (``dynamic_sampling_reward``'s, if named) tie are set aside
+        and ``prompts_per_round`` more prompts sampled, up to ``max_sampling_rounds`` rounds, until
+        the step holds ``prompts_per_step`` informative groups. Returns the training batch, its
+        rewards, and what every sampled completion scored, with the sampling counts."""
         cfg, G = self.config, self.config.num_generations
         need = len(rows["question"]) if cfg.generation_batch_size is None else cfg.prompts_per_step
         kept, sampled_rewards, sampled_funcs, prompts_sampled, rounds = [], [], [], 0, 0
@@ -164,21 +159,23 @@ class CourseTrainer(SFTWarmup, TrainingRun):
             lengths.append(batch.completion_lengths.float())
             truncated.append(batch.truncated.float())
             if not cfg.dynamic_sampling:
-                kept.append((batch, rewards))
+                kept.append((batch, rewards, per_func.get("correctness")))
                 break
             signal = rewards if cfg.dynamic_sampling_reward is None else \
                 per_func[cfg.dynamic_sampling_reward]
             informative = ~zero_std_groups(signal, G)
-            room = need - sum(len(r) // G for _, r in kept)
+            room = need - sum(len(r) // G for _, r, _ in kept)
             take = informative & (informative.cumsum(0) <= room)
             if take.any():
-                kept.append((batch.select_groups(take), rewards[take.repeat_interleave(G)]))
+                rows_taken, correct = take.repeat_interleave(G), per_func.get("correctness")
+                kept.append((batch.select_groups(take), rewards[rows_taken],
+                             None if correct is None else correct[rows_taken]))
             if room - int(take.sum()) == 0 or rounds == cfg.max_sampling_rounds:
                 break
             rows = self._next_rows(cfg.prompts_per_round)
         if not kept:               # dynamic sampling found no informative group: train on none
             none = torch.zeros(len(rewards) // G, dtype=torch.bool)
-            kept.append((batch.select_groups(none), rewards[:0]))
+            kept.append((batch.select_groups(none), rewards[:0], rewards[:0]))
         all_rewards = torch.cat(sampled_rewards)
         info = {"rewards": all_rewards,
                 "per_func": {n: torch.cat([f[n] for f in sampled_funcs]) for n in sampled_funcs[0]},
@@ -186,7 +183,9 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                 "sampling_rounds": rounds, "prompts_sampled": prompts_sampled,
                 "completion_length": float(torch.cat(lengths).mean()),
                 "clipped_ratio": float(torch.cat(truncated).mean())}
-        return concat_batches([b for b, _ in kept]), torch.cat([r for _, r in kept]), info
+        correct = {"correctness": torch.cat([c for _, _, c in kept])} if "correctness" in per_func else {}
+        info["trained_correct_mixed"] = correct_mixed_groups(correct, G)   # of the trained groups
+        return concat_batches([b for b, _, _ in kept]), torch.cat([r for _, r, _ in kept]), info
 
     def _train_in_bf16(self) -> bool:
         """Whether the GRPO training pass runs under bf16 autocast (``train_dtype``, resolved)."""
@@ -244,9 +243,9 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                "prompts_per_informative_group": n_groups / informative if informative else None,
                "completion_length": info["completion_length"],   # every sampled completion
                "clipped_ratio": info["clipped_ratio"],
-               # completions whose answer is the gold number: the only ones that can teach correctness
                "correct_completions": correct_completions(info["per_func"]),
-               "correct_mixed_groups": correct_mixed_groups(info["per_func"], G),
+               "correct_mixed_groups": correct_mixed_groups(info["per_func"], G),   # sampled
+               "trained_correct_mixed": info["trained_correct_mixed"],   # of informative_groups
                "train_dtype": "bfloat16" if bf16 else "float32",
                "skipped": not learn, "step_seconds": seconds, "sampling_seconds": sampled - start,
                "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds}

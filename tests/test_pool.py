@@ -100,3 +100,18 @@ def test_snapshots_are_kept_every_n_steps(tmp_path):
     trainer.train()
     assert sorted(p.name for p in (tmp_path / "run" / "steps").iterdir()) == ["2", "4"]
     assert (tmp_path / "run" / "steps" / "2" / "adapter_config.json").is_file()
+
+
+def test_correct_mixed_groups_leave_format_spreads_out():
+    import torch
+
+    from grpo_course.rewards import correct_mixed_groups
+    scores = torch.tensor([3.0, -0.5, -1.0, -0.5, 3.0, 3.0, 1.5, -0.5])   # G = 2: four groups
+    assert correct_mixed_groups({"correctness": scores}, 2) == 1      # only the first mixes right and wrong
+    assert correct_mixed_groups({}, 2) is None
+
+
+def test_a_step_logs_the_trained_groups_mixed_on_correctness():
+    from tests.helpers import tiny_trainer as make
+    row = make(dynamic_sampling=True, dynamic_sampling_reward="correctness").step()
+    assert row["trained_correct_mixed"] == 0 and row["correct_mixed_groups"] == 0   # a tiny model is never right
