@@ -154,6 +154,52 @@ def accuracy_change(before, after) -> dict[str, Any]:
             "lost": test["a_only"], "gained": test["b_only"], "p_value": test["p_value"]}
 
 
+def gold_continuation(row: Mapping[str, Any]) -> str:
+    """What the model writes at a row's start (``lines_left`` work lines, see
+    :func:`~grpo_course.data.gold_start`) in the gold solution's words: those lines, then the
+    ``#### N`` line."""
+    lines = work_lines(row["solution"])
+    final = row["solution"].rsplit("####", 1)[-1].strip()
+    return "".join(line + "\n" for line in lines[len(lines) - row["lines_left"]:]) + f"#### {final}"
+
+
+@torch.no_grad()
+def gold_log_likelihood(model, tokenizer, rows, batch_size: int = 8,
+                        max_completion_length: int = 160) -> list[float]:
+    """The mean per-token log-likelihood (nats) of each row's gold continuation
+    (:func:`gold_continuation`, ended by the end-of-turn token) after its start: a continuous,
+    paired measure of what a stage taught or forgot, where greedy accuracy at a few hundred
+    problems sees only large changes. Rows carry ``start`` and ``lines_left``
+    (:func:`~grpo_course.data.gold_starts`)."""
+    rows, out, training = list(rows), [], model.training
+    end = tokenizer.eos_token or ""
+    model.eval()                          # no dropout, no activation checkpointing: measure only
+    for lo in range(0, len(rows), batch_size):
+        chunk = rows[lo:lo + batch_size]
+        tokenizer.padding_side = "left"
+        enc = tokenizer([start_prompt(r, tokenizer) for r in chunk], return_tensors="pt",
+                        padding=True, add_special_tokens=False)
+        tokenizer.padding_side = "right"
+        comp = tokenizer([gold_continuation(r) + end for r in chunk], return_tensors="pt",
+                         padding=True, add_special_tokens=False, truncation=True,
+                         max_length=max_completion_length)
+        tokenizer.padding_side = "left"
+        batch = {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
+                 "completion_ids": comp["input_ids"], "completion_mask": comp["attention_mask"]}
+        ll = completion_log_likelihood(model, batch)
+        out += (ll / batch["completion_mask"].sum(-1).clamp(min=1)).tolist()
+    model.train(training)
+    return out
+
+
+def likelihood_change(before: Sequence[float], after: Sequence[float]) -> dict[str, Any]:
+    """A paired test of two :func:`gold_log_likelihood` measurements of the same problems:
+    both means (nats per token), the change with its 95 % interval and p (paired t)."""
+    d = paired_difference(before, after)
+    return {"n": d["n"], "before": d["mean_a"], "after": d["mean_b"], "change": d["difference"],
+            "lo": d["lo"], "hi": d["hi"], "p_value": d["p_value"]}
+
+
 def shuffled_stages(stages: Sequence[Stage], seed: int = 0) -> list[Stage]:
     """The non-curriculum baseline: the rows of ``stages`` pooled, shuffled and cut into
     stages of the same sizes (same data, same compute, no difficulty order)."""

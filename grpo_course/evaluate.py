@@ -350,15 +350,16 @@ def attribution_table(results: dict[str, EvalResult]) -> list[dict[str, Any]]:
 
 def _sampled_blocks(model, tokenizer, rows: list, k: int, max_new_tokens: int, temperature: float,
                     seed: int, batch_prompts: int, sampling_dtype, desc: str, progress: bool):
-    """``(chunk, completions)`` for blocks of ``batch_prompts`` problems: ``k`` samples of each,
-    the block starting at problem ``lo`` drawn with seed ``seed + lo``."""
+    """``(chunk, batch)`` for blocks of ``batch_prompts`` problems: ``k`` samples of each (a
+    :class:`~grpo_course.sampling.SampleBatch`), the block starting at problem ``lo`` drawn with
+    seed ``seed + lo``."""
 
     for lo in tqdm(range(0, len(rows), batch_prompts), desc=desc, disable=not progress):
         chunk = rows[lo:lo + batch_prompts]
         batch = sample_completions(model, tokenizer, [start_prompt(r, tokenizer) for r in chunk],
                                    k, max_new_tokens,
                                    temperature, seed=seed + lo, sampling_dtype=sampling_dtype)
-        yield chunk, batch.completions
+        yield chunk, batch
 
 
 def sampled_records(model, tokenizer, dataset, samples: int, max_new_tokens: int,
@@ -366,17 +367,21 @@ def sampled_records(model, tokenizer, dataset, samples: int, max_new_tokens: int
                     sampling_dtype: str | None = "auto", progress: bool = True,
                     desc: str | None = None) -> list[dict[str, Any]]:
     """``samples`` sampled answers to each problem of ``dataset`` (at its ``start``, where the
-    rows have one), one record a problem: its ``idx``, ``difficulty``, and how many answers were
-    ``right`` and ``formatted`` (a ``#### N`` line)."""
+    rows have one), one record a problem: its ``idx``, ``difficulty``, how many answers were
+    ``right`` and ``formatted`` (a ``#### N`` line), and the ``nll`` (nats) of their ``tokens``
+    under the sampling distribution: its mean per token estimates the policy's entropy."""
     records = []
-    for chunk, texts in _sampled_blocks(model, tokenizer, list(dataset), samples, max_new_tokens,
+    for chunk, batch in _sampled_blocks(model, tokenizer, list(dataset), samples, max_new_tokens,
                                         temperature, seed, batch_prompts, sampling_dtype,
                                         desc or f"{samples} samples", progress):
+        nll = -(batch.sampling_logps * batch.completion_mask).view(len(chunk), -1).sum(1)
+        tokens = batch.completion_mask.view(len(chunk), -1).sum(1)
         for j, r in enumerate(chunk):
-            answers = [extract_hash_answer(t) for t in texts[j * samples:(j + 1) * samples]]
+            answers = [extract_hash_answer(t) for t in batch.completions[j * samples:(j + 1) * samples]]
             records.append({"idx": r.get("idx"), "difficulty": r.get("difficulty"),
                             "right": sum(answers_match(a, r["answer"]) for a in answers),
-                            "formatted": sum(a is not None for a in answers)})
+                            "formatted": sum(a is not None for a in answers),
+                            "nll": float(nll[j]), "tokens": int(tokens[j])})
     return records
 
 
@@ -408,7 +413,9 @@ class SampledResult:
     def summary(self) -> dict[str, Any]:
         n, k = len(self.records), self.samples
         solved = sum(r["right"] > 0 for r in self.records)
+        tokens = sum(r.get("tokens", 0) for r in self.records)
         return {"model": self.model, "n": n, "samples": k, "pass_at_1": self.pass_at_1,
+                "entropy": sum(r.get("nll", 0.0) for r in self.records) / tokens if tokens else None,
                 f"pass_at_{k}": {"mean": solved / n, "ci95": list(wilson_interval(solved, n))},
                 "format_rate": sum(r["formatted"] for r in self.records) / (n * k),
                 "right": [r["right"] for r in self.records], "seconds": round(self.seconds, 1)}
@@ -469,11 +476,11 @@ def sampled_rewards(model, tokenizer, dataset, k: int, max_new_tokens: int,
     funcs = reward_funcs or {n: REWARD_FUNCTIONS[n] for n in reward_weights}
     per_prompt: list[float] = []
     per_function: dict[str, list[float]] = {n: [] for n in funcs}
-    for chunk, texts in _sampled_blocks(model, tokenizer, list(dataset), k, max_new_tokens,
+    for chunk, batch in _sampled_blocks(model, tokenizer, list(dataset), k, max_new_tokens,
                                         temperature, seed, batch_prompts, sampling_dtype,
                                         f"reward of {k} samples", progress):
         columns = {c: [r[c] for r in chunk] for c in chunk[0]}
-        weighted, each = score_groups(texts, columns, funcs, reward_weights, k)
+        weighted, each = score_groups(batch.completions, columns, funcs, reward_weights, k)
         per_prompt += weighted.view(len(chunk), k).mean(1).tolist()
         for name, values in each.items():
             per_function[name] += values.view(len(chunk), k).mean(1).tolist()

@@ -352,3 +352,33 @@ def test_fisher_agreement_ranks_and_top_overlap():
     assert got["spearman"] == pytest.approx(0.8) and got["top_overlap"] == 0.5
     with pytest.raises(CurriculumError, match="different parameters"):
         fisher_agreement(a, {"w": a["w"]})
+
+
+def test_the_gold_continuation_is_what_the_start_leaves():
+    from grpo_course.curriculum import gold_continuation
+    from grpo_course.data import gold_start
+    from tests.helpers import ROWS
+    solution = ROWS[4]["answer"]
+    row = {"solution": solution, "lines_left": 2}
+    assert gold_continuation(row) == "In total 6 + 8 = 14.\nAnd 14 + 1 = 15 km.\n#### 15"
+    whole = gold_start(solution, 2) + gold_continuation(row)
+    assert whole == "First 2 * 3 = 6 km.\nThen 4 * 2 = 8 km.\nThen 1 km.\n" + gold_continuation(row)
+    assert gold_continuation({"solution": solution, "lines_left": 5}).startswith("First 2 * 3 = 6 km.\n")
+
+
+def test_gold_log_likelihood_is_per_problem_and_paired():
+    import datasets
+
+    from grpo_course.curriculum import gold_log_likelihood, likelihood_change
+    from grpo_course.data import gold_starts
+    from tests.helpers import ADDITION_ROWS, tiny_model, tiny_tokenizer
+    rows = gold_starts(datasets.Dataset.from_list(ADDITION_ROWS), 1)
+    model, tok = tiny_model(), tiny_tokenizer()
+    model.train()
+    ll = gold_log_likelihood(model, tok, rows, batch_size=4)
+    assert len(ll) == len(ADDITION_ROWS) and all(v < 0 for v in ll) and model.training
+    assert gold_log_likelihood(model, tok, rows, batch_size=2) == pytest.approx(ll, abs=1e-5)
+    same = likelihood_change(ll, ll)
+    assert same["change"] == 0 and same["n"] == len(ll) and same["p_value"] == 1.0
+    up = likelihood_change(ll, [v + 0.1 + 0.01 * k for k, v in enumerate(ll)])
+    assert up["change"] == pytest.approx(0.125) and up["lo"] > 0 and up["p_value"] < 0.05

@@ -2,6 +2,7 @@ import csv
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -359,10 +360,14 @@ def test_sampled_records_count_right_and_formatted_answers(monkeypatch):
     rows = [{"idx": 7, "difficulty": "basic", "answer": "5"},
             {"idx": 8, "difficulty": "advanced", "answer": "2,000"}]
     texts = ["so #### 5", "#### 6", "no answer", "#### 5.0", "#### 2000", "x", "#### 1", "y"]
-    monkeypatch.setattr(ev, "_sampled_blocks", lambda *a, **k: iter([(rows, texts)]))
+    mask = torch.tensor([[1, 1, 0]] * 4 + [[1, 0, 0]] * 4)
+    batch = SimpleNamespace(completions=texts, completion_mask=mask, sampling_logps=-0.5 * mask)
+    monkeypatch.setattr(ev, "_sampled_blocks", lambda *a, **k: iter([(rows, batch)]))
     records = ev.sampled_records(None, None, rows, 4, 64)
-    assert records == [{"idx": 7, "difficulty": "basic", "right": 2, "formatted": 3},
-                       {"idx": 8, "difficulty": "advanced", "right": 1, "formatted": 2}]
+    assert records == [{"idx": 7, "difficulty": "basic", "right": 2, "formatted": 3, "nll": 4.0, "tokens": 8},
+                       {"idx": 8, "difficulty": "advanced", "right": 1, "formatted": 2, "nll": 2.0,
+                        "tokens": 4}]
+    assert ev.SampledResult(4, records).summary()["entropy"] == pytest.approx(0.5)
     assert ev.correct_counts(None, None, rows, 4, 64) == [2, 1]
 
 
