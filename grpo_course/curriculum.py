@@ -40,8 +40,7 @@ from .data import (
     work_lines,
 )
 from .errors import CourseError
-from .grpo import per_token_logps
-from .modeling import uses_activation_checkpointing
+from .modeling import per_token_logps, uses_activation_checkpointing
 from .runs import write_run
 from .sampling import sample_completions
 from .stats import mcnemar_test, paired_difference

@@ -2,21 +2,20 @@
 
 1. :func:`group_advantages` turns the rewards of G completions per prompt into
    advantages: reward minus the group's mean, divided by a spread.
-2. :func:`per_token_logps` scores the sampled completion tokens under the policy
-   (logits only for completion positions; each prompt is processed once and shared
-   by its G completions through the key/value cache).
+2. :func:`grpo_course.modeling.per_token_logps` scores the sampled completion tokens under
+   the policy (logits only for completion positions; each prompt is processed once and shared
+   by its G completions through the key/value cache): the one step that needs the model.
 3. :func:`grpo_loss` is the clipped surrogate with the k3 KL, aggregated exactly as
    TRL's ``GRPOTrainer`` does for ``loss_type`` grpo, bnpo, dr_grpo and dapo.
 
-The training loop that calls these lives in :mod:`grpo_course.train`; how a transformers model
-is made to give the log-probs fast (the shared prompt cache, the chunked head, the attention and
-bf16 casts of the training pass) lives in :mod:`grpo_course.modeling`.
+It imports nothing from the package: the functions take and return tensors. The training loop
+that calls them lives in :mod:`grpo_course.train`; the log-probs, and how a transformers model is
+made to give them fast (the shared prompt cache, the chunked head, the attention and bf16 casts of
+the training pass), live in :mod:`grpo_course.modeling`.
 """
 from __future__ import annotations
 
 import torch
-
-from .modeling import completion_hidden_states, head_token_logps
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALES = ("group", "batch", "none")
@@ -57,25 +56,9 @@ def zero_std_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- 2. log-probs
-def per_token_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                    completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                    temperature: float = 1.0, return_entropy: bool = False):
-    """Log-probs ``[B, T]`` of ``completion_ids`` under ``model`` (differentiable).
-
-    ``prompt_ids`` is either ``[B, Lp]`` (one row per completion) or ``[P, Lp]`` with
-    ``B = P * G``: then each prompt runs through the model once and its key/value cache
-    is shared by its G completions (:func:`grpo_course.modeling.completion_hidden_states`).
-    Logits are computed only for the positions that predict completion tokens, a chunk at
-    a time (:func:`grpo_course.modeling.head_token_logps`): log p = logit - logsumexp(logits),
-    at ``temperature``. With ``return_entropy`` also returns the per-token entropy ``[B, T]``
-    (no grad).
-    """
-    B, T = completion_ids.shape
-    hidden = completion_hidden_states(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
-    logps, entropy = head_token_logps(model, hidden.reshape(B * T, -1), completion_ids.reshape(-1),
-                                      temperature, with_entropy=return_entropy)
-    logps = logps.view(B, T)
-    return (logps, entropy.view(B, T)) if return_entropy else logps
+# per_token_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask) scores the
+# sampled tokens under the policy; it needs the model's insides, so it lives in
+# grpo_course.modeling, and this module stays the mathematics on tensors alone.
 
 
 # ---------------------------------------------------------------- 3. the loss

@@ -1,6 +1,7 @@
-"""The transformers side of the training pass: what :mod:`grpo_course.grpo`'s per-token
-log-probs need from a causal language model, made fast and small on a CPU.
+"""The transformers side of the training pass: GRPO's per-token log-probs of a causal language
+model (:func:`per_token_logps`, step 2 of :mod:`grpo_course.grpo`), made fast and small on a CPU.
 
+- :func:`per_token_logps`: log p of each sampled completion token ``[B, T]``, differentiable;
 - :func:`completion_hidden_states`: the last hidden states that predict each completion token
   (each prompt run once and its key/value cache shared by its G completions, or one pass per
   row under activation checkpointing);
@@ -372,3 +373,24 @@ def adapter_disabled(model):
         return model.disable_adapter()
     raise ConfigError("beta > 0 needs a reference: train with use_lora=True "
                       "(the reference is the model with its adapter disabled)")
+
+
+def per_token_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                    completion_ids: torch.Tensor, completion_mask: torch.Tensor,
+                    temperature: float = 1.0, return_entropy: bool = False):
+    """Log-probs ``[B, T]`` of ``completion_ids`` under ``model`` (differentiable).
+
+    ``prompt_ids`` is either ``[B, Lp]`` (one row per completion) or ``[P, Lp]`` with
+    ``B = P * G``: then each prompt runs through the model once and its key/value cache
+    is shared by its G completions (:func:`completion_hidden_states`).
+    Logits are computed only for the positions that predict completion tokens, a chunk at
+    a time (:func:`head_token_logps`): log p = logit - logsumexp(logits),
+    at ``temperature``. With ``return_entropy`` also returns the per-token entropy ``[B, T]``
+    (no grad).
+    """
+    B, T = completion_ids.shape
+    hidden = completion_hidden_states(model, prompt_ids, prompt_mask, completion_ids, completion_mask)
+    logps, entropy = head_token_logps(model, hidden.reshape(B * T, -1), completion_ids.reshape(-1),
+                                      temperature, with_entropy=return_entropy)
+    logps = logps.view(B, T)
+    return (logps, entropy.view(B, T)) if return_entropy else logps

@@ -384,7 +384,7 @@ def full_sequence_logps(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
                         temperature: float = 1.0) -> torch.Tensor:
     """The naive per-token log-probs ``[B, T]``: prompt+completion as one sequence per
     completion (``prompt_ids`` ``[B, Lp]``) and logits for *every* position, then keep
-    the completion's. Same values as ``grpo.per_token_logps``; here to measure the cost."""
+    the completion's. Same values as ``modeling.per_token_logps``; here to measure the cost."""
     Lp, T = prompt_ids.shape[1], completion_ids.shape[1]
     ids = torch.cat([prompt_ids, completion_ids], 1)
     mask = torch.cat([prompt_mask, completion_mask], 1)

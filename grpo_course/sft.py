@@ -16,8 +16,8 @@ from tqdm.auto import tqdm
 
 from .checkpoints import load_adapter_state
 from .data import sft_text
-from .grpo import per_token_logps
 from .memory import trim_heap
+from .modeling import per_token_logps
 from .precision import frozen_linear_weights_as
 from .sampling import resolve_sampling_dtype
 

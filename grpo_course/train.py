@@ -37,7 +37,6 @@ from .grpo import (
     group_advantages,
     grpo_loss,
     pass_means,
-    per_token_logps,
     zero_std_groups,
 )
 from .memory import low_memory, trim_heap
@@ -47,6 +46,7 @@ from .modeling import (
     course_attention,
     enable_activation_checkpointing,
     norms_cast_once,
+    per_token_logps,
 )
 from .models import load_model, quiet_loading
 from .precision import frozen_linear_weights_as, hold_frozen_weights_in

@@ -12,10 +12,10 @@ from grpo_course.grpo import (
     group_advantages,
     grpo_loss,
     kl_k3,
-    per_token_logps,
     reinforce_loss,
     zero_std_groups,
 )
+from grpo_course.modeling import per_token_logps
 from tests.helpers import ADDITION_ROWS as ROWS
 from tests.helpers import length_reward, tiny_model, tiny_tokenizer
 from tests.helpers import tiny_trainer as _trainer

@@ -161,3 +161,12 @@ def test_the_trainer_is_the_grpo_step_and_grpo_is_the_mathematics():
             for n in ast.walk(ast.parse((PACKAGE / "grpo.py").read_text(encoding="utf-8")))
             if isinstance(n, (ast.Name, ast.Attribute, ast.alias))}
     assert not {name for name in code for word in ("autocast", "attention", "peft") if word in name}
+
+
+def test_grpo_is_mathematics_on_tensors_and_imports_nothing_from_the_package():
+    """Issue 66: grpo.py imported modeling for per_token_logps, and sft and curriculum imported
+    grpo only for that function; it lives in modeling now."""
+    tree = ast.parse((PACKAGE / "grpo.py").read_text(encoding="utf-8"))
+    local = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+             and (n.level > 0 or (n.module or "").startswith("grpo_course"))]
+    assert local == [], [ast.unparse(n) for n in local]

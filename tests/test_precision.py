@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from grpo_course.config import GRPOConfig
-from grpo_course.grpo import per_token_logps
-from grpo_course.modeling import _frozen_output_weight, add_lora, norms_cast_once
+from grpo_course.modeling import _frozen_output_weight, add_lora, norms_cast_once, per_token_logps
 from grpo_course.precision import FrozenLowPrecisionLinear, frozen_linear_weights_as, hold_frozen_weights_in
 from tests.helpers import tiny_model, tiny_tokenizer
 from tests.helpers import tiny_trainer as _trainer

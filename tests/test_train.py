@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpo_course.config import ConfigError, GRPOConfig
-from grpo_course.grpo import per_token_logps
+from grpo_course.modeling import per_token_logps
 from grpo_course.sampling import concat_batches, sample_completions
 from grpo_course.train import CourseTrainer
 from tests.helpers import ADDITION_ROWS as ROWS
