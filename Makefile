@@ -21,11 +21,12 @@ NBMAKE_TIMEOUT ?= 1800
 # A kernel started with MPLBACKEND=Agg shows no figures (plt.show() draws nothing into the page).
 unexport MPLBACKEND
 
-.PHONY: help install model static lint unit nbmake-smoke browser book-smoke check-install test check-steps book book-check publish assignments bench reference-run clean
+.PHONY: help install model static lint quick unit nbmake-smoke browser book-smoke check-install test check-steps book book-check publish assignments bench reference-run clean
 
 help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
 	@echo "make test   - unit tests + notebooks on the smoke profile + book build (what CI runs)"
+	@echo "make quick  - a contributor's loop in minutes: lint, fast unit tests, chapter 1 on the smoke profile"
 	@echo "make check-install - the Colab and Binder installs in fresh venvs, a chapter run in each (make test runs it)"
 	@echo "make check-steps - chapter 3's written-out step against the trainer on the real model, full sizes (CI runs it)"
 	@echo "make book-check - chapters 2 and 3 on the full profile from an empty cache (the warm start trained anew)"
@@ -84,6 +85,17 @@ lint: $(STAMP)
 unit: model lint
 	$(BIN)/python -m pytest tests -q -m "not slow and not browser and not colab_install" --durations=5
 	$(BIN)/python -m pytest tests -q -m "slow and not browser and not fullsize and not colab_install" --durations=0
+
+# A contributor's quick loop (a few minutes on 2 cores): lint, the fast unit tests (no real model
+# loaded, no fresh venvs, no browser), and chapter 1 on the smoke profile. `make test` is the full check.
+QUICK_SRC := .quick-book
+quick: model lint
+	$(BIN)/python -m pytest tests -q -x -m "not slow and not browser and not colab_install and not fullsize"
+	rm -rf $(QUICK_SRC) && mkdir -p $(QUICK_SRC)
+	cp -r _config.yml _toc.yml book notebooks $(QUICK_SRC)/
+	GRPO_COURSE_PROFILE=smoke $(BIN)/python -m pytest -q -p no:cacheprovider --nbmake \
+	  --nbmake-timeout=$(NBMAKE_TIMEOUT) $(QUICK_SRC)/notebooks/01_*.ipynb
+	rm -rf $(QUICK_SRC)
 
 # Execute every notebook on the smoke profile in a staged copy (nbmake --overwrite keeps the
 # outputs there, never in notebooks/), then build the book from those executed copies.
@@ -180,4 +192,4 @@ reference-run: model
 	$(BIN)/python bench/reference_run.py
 
 clean:
-	rm -rf _build $(SMOKE_SRC) $(CHECK_SRC)
+	rm -rf _build $(SMOKE_SRC) $(CHECK_SRC) $(QUICK_SRC)

@@ -1,7 +1,7 @@
 """Learning per minute: a GRPO run's sampled accuracy on validation problems, step by step.
 
     python bench/learning_curve.py                      # the reference run (make reference-run)
-    python bench/learning_curve.py --run DIR --steps 0,25,50 --val_n 128
+    python bench/learning_curve.py --run DIR --steps 0,20,40 --val_n 128
 
 A run trained with ``snapshot_every`` keeps its adapter every few steps (``DIR/steps/<step>``,
 ``DIR/sft`` at step 0). Each chosen step's adapter samples ``--samples`` answers (temperature 1)
@@ -32,6 +32,7 @@ from grpo_course.errors import OneLineArgumentParser, report
 from grpo_course.evaluate import compare_sampled, evaluate_sampled, held_out_rows
 from grpo_course.hardware import bench_facts
 from grpo_course.models import cache_dir, quiet_loading
+from grpo_course.pool import pool_summary
 from grpo_course.runs import load_run_config, read_metrics
 
 SEED = 20250   # the validation samples' seed: the same for every step, so the steps are paired
@@ -68,8 +69,7 @@ def training_rates(run: Path) -> dict:
            "train_dtype": rows[0].get("train_dtype")}
     if (run / POOL_FILE).is_file():
         pool = json.loads((run / POOL_FILE).read_text())
-        out["pool"] = {k: pool[k] for k in ("screened", "kept", "samples", "never", "mixed",
-                                            "always", "seconds") if k in pool}
+        out["pool"] = {**pool_summary(pool), "seconds": pool.get("seconds")}
     return out
 
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", default=None,
                         help="a run folder with snapshots (default: the reference run's, "
                              "$GRPO_COURSE_CACHE/runs/reference)")
-    parser.add_argument("--steps", default="0,25,50,100,200",
+    parser.add_argument("--steps", default="0,20,40,60",
                         help="GRPO steps to test, comma-separated (0: the warm start)")
     parser.add_argument("--val_n", type=int, default=256, help="validation problems (train rows)")
     parser.add_argument("--samples", type=int, default=8, help="samples per problem")

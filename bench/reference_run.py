@@ -31,6 +31,7 @@ from grpo_course.config import RECIPES_DIR, ConfigError
 from grpo_course.errors import OneLineArgumentParser, report
 from grpo_course.hardware import bench_facts
 from grpo_course.models import cache_dir
+from grpo_course.pool import pool_record
 from grpo_course.runs import METRICS_FILE, RUN_CONFIG_FILE, read_metrics
 
 RECIPE = RECIPES_DIR / "reference_run.yaml"
@@ -69,7 +70,8 @@ def export(work: Path, out: Path) -> dict:
     config = (work / RUN_CONFIG_FILE).read_text()
     rows = read_metrics(work)
     grpo = [r for r in rows if r.get("phase") == "grpo"]
-    pool = json.loads((work / POOL_FILE).read_text()) if (work / POOL_FILE).is_file() else {}
+    pool = pool_record(json.loads((work / POOL_FILE).read_text())) \
+        if (work / POOL_FILE).is_file() else {}
     started = json.loads((work / STARTED).read_text())
     seconds = sum(r.get("step_seconds", 0.0) for r in rows) + pool.get("seconds", 0.0)
     info = {"recipe": "recipes/reference_run.yaml", "commit": started["commit"],
@@ -84,7 +86,7 @@ def export(work: Path, out: Path) -> dict:
         (tmp / RUN_CONFIG_FILE).write_text(config)
         shutil.copy2(work / METRICS_FILE, tmp / METRICS_FILE)
         if pool:
-            shutil.copy2(work / POOL_FILE, tmp / POOL_FILE)
+            (tmp / POOL_FILE).write_text(json.dumps(pool) + "\n")
         (tmp / "run.json").write_text(json.dumps(info, indent=2) + "\n")
     atomic_write(out, write, folder=True)
     return info

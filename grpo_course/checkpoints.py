@@ -24,7 +24,7 @@ from .cli import CHECKPOINT
 from .config import ConfigError, GRPOConfig
 from .data import select_columns
 from .modeling import adapter_state, set_adapter_state
-from .pool import pool_summary, screened_pool
+from .pool import pool_record, screened_pool
 from .runs import Tracker, append_metrics, save_run_config, trim_metrics
 
 #: the warm start's trainable (LoRA) weights, saved beside its adapter
@@ -176,7 +176,7 @@ class TrainingRun:
                 self.save_model(self.out_dir / "sft")     # the warm-up alone, for attribution
             pool = self.build_pool()               # prompt_pool: mixed (screened once)
             if pool is not None and self.out_dir is not None:
-                write_json_atomic(self.out_dir / POOL_FILE, {**pool_summary(pool), **pool})
+                write_json_atomic(self.out_dir / POOL_FILE, pool_record(pool))
             bar = tqdm(range(self.global_step, max_steps), desc="grpo", leave=False)
             for _ in bar:
                 row = self.step()

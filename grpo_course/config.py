@@ -420,20 +420,31 @@ START_BUDGETS: dict[int, int] = {1: 64, 2: 112}
 
 @dataclass(frozen=True)
 class StartSizes:
-    """Chapter 3's main run and its held-out tests at the reverse-curriculum start: the recipe's
+    """Chapter 3's live run and its held-out tests at the reverse-curriculum start: the recipe's
     changes on top of the profile's ``grpo`` (``recipes/reverse_curriculum.yaml``, the start that
-    ``bench/headroom.py`` picks), the held-out test slices the accuracy at that start is tested on
-    (each with its own paired test), and the samples behind the pass@k curves."""
+    ``bench/headroom.py`` picks), the held-out test slices whose first problems the pass@k curves
+    sample before and after the run (paired), and the whole problems of the three-model test."""
     changes: dict[str, Any] = field(default_factory=lambda: dict(REVERSE_CURRICULUM))
     slices: tuple[tuple[int, int], ...] = ((512, 768), (768, 1024))   # test rows [start, end)
     samples: int = 16                    # samples per problem of the pass@k curves (k <= samples)
     pass_k_problems: int = 12            # first problems of each slice in the pass@k curves
     sample_prompts: int = 8              # problems whose samples are decoded together (each key/
                                          # value cache holds sample_prompts x samples sequences)
-    transfer_problems: int = 64          # first problems of the first slice at one more line left
     whole_problems: int = 128            # first test problems of chapter 3's whole-problem test (the
                                          # base model's and the warm start's come from chapters 1-2's
                                          # evaluations of P.eval.n, cached a block at a time)
+
+
+@dataclass(frozen=True)
+class ReferenceSizes:
+    """The reference run's tests (:mod:`grpo_course.reference`). ``slices``/``samples``/``transfer``
+    are the test fixed in advance (``bench/reference_test.py`` runs it); chapter 3's second page
+    recomputes the first ``live_problems`` problems of each slice live (same seed and blocks, so
+    the same answers on the same kind of machine) and checks them against the benchmark's."""
+    slices: tuple[tuple[int, int], ...] = ((512, 768), (768, 1024))   # test rows [start, end)
+    samples: int = 8                     # samples per problem (temperature 1)
+    transfer: bool = True                # also the greedy transfer to two lines left and whole problems
+    live_problems: int = 16              # first problems of each slice the page samples again
 
 
 @dataclass(frozen=True)
@@ -457,6 +468,7 @@ class Profile:
     rewards: RewardSizes = field(default_factory=RewardSizes)        # chapter 2
     loop: LoopSizes = field(default_factory=LoopSizes)               # chapter 3
     start: StartSizes = field(default_factory=StartSizes)            # chapter 3's main run
+    ref: ReferenceSizes = field(default_factory=ReferenceSizes)      # chapter 3's reference run
     trl: TRLSizes = field(default_factory=TRLSizes)                  # chapter 4
     cl: CurriculumSizes = field(default_factory=CurriculumSizes)     # chapter 5
     quant: QuantSizes = field(default_factory=QuantSizes)            # chapter 6
@@ -525,7 +537,8 @@ PROFILES: dict[str, Profile] = {
         start=StartSizes(changes={**REVERSE_CURRICULUM, "generation_batch_size": 16,
                                   "max_completion_length": 32},
                          slices=((512, 520), (768, 776)), samples=4, pass_k_problems=2,
-                         transfer_problems=4, whole_problems=8),
+                         whole_problems=8),
+        ref=ReferenceSizes(live_problems=4),
         trl=TRLSizes(max_steps=1, eval_n=8, ddp_steps=1),
         cl=CurriculumSizes(steps_per_stage=1, max_completion_length=16, stage_problems=4, eval_n=4,
                            budgets=(16, 16, 24), fisher_prompts=2),

@@ -608,3 +608,28 @@ def surrogate_cases(n: int = 24, seed: int = 0) -> list[Case]:
         eps_low, eps_high = rng.choice([(0.2, 0.2), (0.2, 0.28), (0.1, 0.3)])
         cases.append(((logps, old, advantages, eps_low, eps_high), {}))
     return cases
+
+
+def pass_at_k_cases(n: int = 30, seed: int = 0) -> list[Case]:
+    """``(n, c, k)``: ``n`` samples of which ``c`` are right, and ``k <= n``; then the edges: no
+    right sample, every sample right, ``k = n`` and ``k = 1``."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(n):
+        total = rng.choice([4, 8, 16, 32])
+        cases.append(((total, rng.randint(0, total), rng.randint(1, total)), {}))
+    return cases + [((8, 0, 4), {}), ((8, 8, 4), {}), ((16, 3, 16), {}), ((16, 5, 1), {}),
+                    ((16, 15, 2), {})]
+
+
+def pool_cases(n: int = 20, seed: int = 0) -> list[Case]:
+    """``(ids, correct, samples)``: screened prompt ids and each one's right answers among
+    ``samples``, some never and some always right; then the edges: none mixed, all mixed, none."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(n):
+        samples, size = rng.choice([2, 4, 8]), rng.randint(1, 12)
+        ids = rng.sample(range(1000), size)
+        correct = [rng.choice([0, 0, samples, rng.randint(0, samples)]) for _ in ids]
+        cases.append(((ids, correct, samples), {}))
+    return cases + [(([3, 1], [0, 8], 8), {}), (([5, 2, 9], [1, 7, 4], 8), {}), (([], [], 8), {})]

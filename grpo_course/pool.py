@@ -91,9 +91,17 @@ def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int
 
 def pool_summary(pool: dict[str, Any]) -> dict[str, Any]:
     """The screening in numbers: prompts screened, kept, and the share never / sometimes /
-    always solved."""
+    always solved (``pool["mixed"]`` is the list of kept ids)."""
     n, s = len(pool["correct"]), pool["samples"]
     never = sum(c == 0 for c in pool["correct"])
     always = sum(c == s for c in pool["correct"])
-    return {"screened": n, "kept": len(pool["mixed"]), "samples": s,
-            "never": never / n, "mixed": len(pool["mixed"]) / n, "always": always / n}
+    return {"screened": n, "kept": len(pool["mixed"]), "samples": s, "never_share": never / n,
+            "mixed_share": len(pool["mixed"]) / n, "always_share": always / n}
+
+#: what a screening holds (``screened_pool``), besides the summary
+POOL_KEYS = ("ids", "correct", "samples", "mixed", "seconds")
+
+
+def pool_record(pool: dict[str, Any]) -> dict[str, Any]:
+    """A screening as a run folder keeps it (``pool.json``): its summary, then the screening."""
+    return {**pool_summary(pool), **{k: pool[k] for k in POOL_KEYS if k in pool}}

@@ -51,8 +51,8 @@ def built(tmp_path_factory) -> list[Path]:
     return build(CHAPTERS, tmp_path_factory.mktemp("assignments"))
 
 
-def test_seven_exercises_only_notebooks_with_stubs_and_graded_checks(built):
-    assert [p.name for p in built] == [c.name for c in CHAPTERS] and len(built) == 7
+def test_an_exercises_only_notebook_per_page_with_stubs_and_graded_checks(built):
+    assert [p.name for p in built] == [c.name for c in CHAPTERS] and len(built) == 8
     for path, chapter in zip(built, CHAPTERS, strict=True):
         nb = nbformat.read(path, as_version=4)
         nbformat.validate(nb)
@@ -145,7 +145,7 @@ def test_the_command_line_writes_the_folder(tmp_path):
     out = subprocess.run([sys.executable, "-m", "grpo_course.assignments", "--out",
                           str(tmp_path / "a")], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert len(list((tmp_path / "a").glob("0*.ipynb"))) == 7
+    assert len(list((tmp_path / "a").glob("0*.ipynb"))) == 8
 
 
 def _grade(path: Path, solved: list[str] | None = None) -> tuple[nbformat.NotebookNode, float]:

@@ -88,7 +88,7 @@ def test_every_profile_section_field_is_read_somewhere():
     text += (root / "grpo_course" / "config.py").read_text().split("class Profile:")[1]
     sections = [f for f in dataclasses.fields(Profile) if f.default_factory is not dataclasses.MISSING]
     assert {s.name for s in sections} == {"data", "rewards", "loop", "trl", "cl", "quant", "prof", "short",
-                                          "start"}
+                                          "start", "ref"}
     unread = [f"{s.name}.{f.name}" for s in sections for f in dataclasses.fields(s.default_factory)
               if not re.search(rf"\.{s.name}\.{f.name}\b", text)]
     assert not unread, unread

@@ -343,6 +343,9 @@ def test_quantize_corrupt_variant_description(tmp_path, capsys):
     ("headroom", ["--samples", "4", "--group_size", "8"], ["--group_size", "8", "--samples", "4"]),
     ("headroom", ["--slices", "10:5"], ["--slices", "'10:5'"]),
     ("headroom", ["--out", "{tmp}"], ["--out", "{tmp}"]),
+    ("learning_curve", ["--steps", "0,x"], ["--steps", "'0,x'"]),
+    ("learning_curve", ["--val_n", "1"], ["--val_n", "1"]),
+    ("reference_test", ["--run", "{tmp}"], ["--run", "'{tmp}'", "not a finished run folder"]),
 ])
 def test_bench_bad_options(script, args, values, tmp_path, capsys):
     fill = lambda s: s.replace("{tmp}", str(tmp_path))
@@ -350,6 +353,24 @@ def test_bench_bad_options(script, args, values, tmp_path, capsys):
         _bench(script).main(list(map(fill, args)))
     assert exit_.value.code == 2
     one_line(capsys, *map(fill, values))
+
+
+@pytest.mark.parametrize("script,args,values", [
+    ("learning_curve", ["--run", "{tmp}/nowhere"], ["--run", "{tmp}/nowhere", "not a run folder"]),
+    ("reference_run", ["--export-only", "--work", "{tmp}"], ["{tmp}", "holds no finished run"]),
+])
+def test_bench_bad_run_folders(script, args, values, tmp_path, capsys):
+    fill = lambda s: s.replace("{tmp}", str(tmp_path))
+    assert _bench(script).main(list(map(fill, args))) == 2
+    one_line(capsys, *map(fill, values))
+
+
+def test_learning_curve_refuses_validation_rows_the_run_trains_on(tmp_path, capsys):
+    from grpo_course.config import GRPOConfig
+    from grpo_course.runs import save_run_config
+    save_run_config(tmp_path, GRPOConfig(train_offset=100))
+    assert _bench("learning_curve").main(["--run", str(tmp_path), "--val_n", "256"]) == 2
+    one_line(capsys, "--val_n 256", "train rows from 100 on", "overlap")
 
 
 def test_throughput_train_micro_batch_sets_the_course_trainers_passes():

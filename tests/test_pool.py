@@ -16,8 +16,8 @@ def test_mixed_ids_keeps_the_prompts_solved_sometimes():
     assert mixed_ids([10, 11, 12, 13], [0, 3, 8, 1], samples=8) == [11, 13]
     summary = pool_summary({"ids": [10, 11, 12, 13], "correct": [0, 3, 8, 1], "samples": 8,
                             "mixed": [11, 13]})
-    assert summary == {"screened": 4, "kept": 2, "samples": 8, "never": 0.25, "mixed": 0.5,
-                       "always": 0.25}
+    assert summary == {"screened": 4, "kept": 2, "samples": 8, "never_share": 0.25,
+                       "mixed_share": 0.5, "always_share": 0.25}
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -54,6 +54,7 @@ def test_the_trainer_draws_only_the_mixed_prompts(monkeypatch, tmp_path):
     assert trainer.prompt_order == kept and len(calls) == 1 and len(calls[0]) == 4
     saved = json.loads((tmp_path / "run" / "pool.json").read_text())
     assert saved["mixed"] == kept and saved["kept"] == 2 and saved["screened"] == 4
+    assert saved["mixed_share"] == 0.5 and saved["never_share"] == 0.25
     questions = {ADDITION_ROWS[i]["question"] for i in kept}
     # every prompt the steps drew is in the pool (3 steps x 2 prompts, cycling through it)
     drawn = trainer.prompts_used

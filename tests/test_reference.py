@@ -1,0 +1,89 @@
+"""The reference run's tests (the verdict fixed in advance) and its export (bench/reference_run.py)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_course.reference import MIN_FORMAT, SAMPLES, SLICES, primary_verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _slice(difference, p, fmt):
+    return {"sampled": {"pass_at_1": {"difference": difference, "p_value": p},
+                        "after": {"format_rate": fmt}}}
+
+
+def test_the_fixed_test_is_the_full_profiles():
+    assert SLICES == ((512, 768), (768, 1024)) and SAMPLES == 8 and MIN_FORMAT == 0.95
+
+
+@pytest.mark.parametrize("slices, passed", [
+    ([_slice(0.04, 0.001, 0.99), _slice(0.02, 0.03, 0.97)], True),
+    ([_slice(0.04, 0.001, 0.99), _slice(0.02, 0.06, 0.97)], False),     # one slice not significant
+    ([_slice(0.04, 0.001, 0.99), _slice(-0.03, 0.01, 0.97)], False),    # one slice fell
+    ([_slice(0.04, 0.001, 0.99), _slice(0.02, 0.01, 0.90)], False),     # the format slipped
+])
+def test_the_primary_test_needs_both_slices_and_the_format(slices, passed):
+    verdict = primary_verdict(slices)
+    assert verdict["passed"] is passed and len(verdict["rose"]) == 2
+
+
+def _bench(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _adapter(folder: Path) -> None:
+    from safetensors.torch import save_file
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text("{}")
+    save_file({"a.lora_A.weight": torch.randn(4, 3), "step": torch.tensor([3])},
+              str(folder / "adapter_model.safetensors"))
+
+
+def test_a_finished_run_is_exported_in_bf16_with_its_machine_and_hours(tmp_path):
+    from safetensors.torch import load_file
+    bench = _bench("reference_run")
+    work, out = tmp_path / "work", tmp_path / "out"
+    _adapter(work)
+    _adapter(work / "sft")
+    (work / "config.yaml").write_text("trainer: course\n")
+    (work / "metrics.jsonl").write_text(
+        json.dumps({"phase": "sft", "sft_step": 0, "step_seconds": 1800.0}) + "\n"
+        + json.dumps({"phase": "grpo", "step": 0, "step_seconds": 1800.0}) + "\n")
+    (work / "pool.json").write_text(json.dumps({"seconds": 3600.0, "mixed": [1], "ids": [1, 2],
+                                                "correct": [1, 0], "samples": 2}))
+    (work / "started.json").write_text(json.dumps({"commit": "abc", "time": "t"}))
+    assert bench.main(["--export-only", "--work", str(work), "--out", str(out)]) == 0
+    info = json.loads((out / "run.json").read_text())
+    assert info["hours"] == 2.0 and info["grpo_steps"] == 1 and info["sft_steps"] == 1
+    assert info["commit"] == "abc" and "avx2" in info["machine"]
+    for folder in (out, out / "sft"):
+        weights = load_file(folder / "adapter_model.safetensors")
+        assert weights["a.lora_A.weight"].dtype == torch.bfloat16 and weights["step"].dtype == torch.int64
+    assert (out / "pool.json").is_file() and (out / "metrics.jsonl").is_file()
+
+
+@pytest.mark.slow
+def test_the_tests_run_end_to_end_on_a_short_real_run(real_gsm8k_dir, tmp_path):
+    """A one-step run of the bundled model (its sft/ beside it) through every test, tiny sizes."""
+    from grpo_course.reference import reference_tests
+    from grpo_course.train import main as train
+    run = tmp_path / "run"
+    assert train(["--profile", "smoke", "--config", str(ROOT / "recipes" / "reference_run.yaml"),
+                  "--sft_steps", "1", "--max_steps", "1", "--prompt_pool", "all",
+                  "--generation_batch_size", "16", "--per_step_completions", "8",
+                  "--num_generations", "4", "--max_completion_length", "16", "--out", str(run)]) == 0
+    out = reference_tests(run, slices=((512, 514), (768, 770)), samples=2, progress=False)
+    assert [s["n"] for s in out["slices"]] == [2, 2] and set(out["transfer"]) == {
+        "two_lines_left", "whole_problems"}
+    first = out["slices"][0]
+    assert len(first["sampled"]["before"]["right"]) == 2 and first["greedy"]["n"] == 2
+    assert first["sampled"]["before"]["entropy"] > 0 and isinstance(out["verdict"]["passed"], bool)
