@@ -75,6 +75,7 @@ def export(work: Path, out: Path) -> dict:
     started = json.loads((work / STARTED).read_text())
     seconds = sum(r.get("step_seconds", 0.0) for r in rows) + pool.get("seconds", 0.0)
     info = {"recipe": "recipes/reference_run.yaml", "commit": started["commit"],
+            "exported_at_commit": commit(),     # a resumed run may have ended under a later one
             "started": started["time"], "grpo_steps": len(grpo),
             "sft_steps": sum(r.get("phase") == "sft" for r in rows),
             "hours": round(seconds / 3600, 3), "machine": bench_facts(),
