@@ -35,8 +35,8 @@ from grpo_course.pool import pool_record
 from grpo_course.runs import METRICS_FILE, RUN_CONFIG_FILE, read_metrics
 
 RECIPE = RECIPES_DIR / "reference_run.yaml"
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "tokenizer.json",
-                 "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
+#: an adapter folder as load_model reads it (the tokenizer is the base model's)
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 STARTED = "started.json"          # in the work folder: the commit and time of the first start
 
 
