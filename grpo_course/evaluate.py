@@ -374,8 +374,8 @@ def sampled_records(model, tokenizer, dataset, samples: int, max_new_tokens: int
     for chunk, batch in _sampled_blocks(model, tokenizer, list(dataset), samples, max_new_tokens,
                                         temperature, seed, batch_prompts, sampling_dtype,
                                         desc or f"{samples} samples", progress):
-        nll = -(batch.sampling_logps * batch.completion_mask).view(len(chunk), -1).sum(1)
-        tokens = batch.completion_mask.view(len(chunk), -1).sum(1)
+        nll = -(batch.sampling_logps * batch.completion_mask).reshape(len(chunk), -1).sum(1)
+        tokens = batch.completion_mask.reshape(len(chunk), -1).sum(1)
         for j, r in enumerate(chunk):
             answers = [extract_hash_answer(t) for t in batch.completions[j * samples:(j + 1) * samples]]
             records.append({"idx": r.get("idx"), "difficulty": r.get("difficulty"),

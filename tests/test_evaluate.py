@@ -360,8 +360,11 @@ def test_sampled_records_count_right_and_formatted_answers(monkeypatch):
     rows = [{"idx": 7, "difficulty": "basic", "answer": "5"},
             {"idx": 8, "difficulty": "advanced", "answer": "2,000"}]
     texts = ["so #### 5", "#### 6", "no answer", "#### 5.0", "#### 2000", "x", "#### 1", "y"]
-    mask = torch.tensor([[1, 1, 0]] * 4 + [[1, 0, 0]] * 4)
-    batch = SimpleNamespace(completions=texts, completion_mask=mask, sampling_logps=-0.5 * mask)
+    # the sampler's tensors are the first T columns of wider buffers: not contiguous
+    mask = torch.tensor([[1, 1, 0, 0, 0]] * 4 + [[1, 0, 0, 0, 0]] * 4)[:, :3]
+    logps = (-0.5 * torch.tensor([[1, 1, 0, 9, 9]] * 4 + [[1, 0, 0, 9, 9]] * 4))[:, :3]
+    assert not mask.is_contiguous()
+    batch = SimpleNamespace(completions=texts, completion_mask=mask, sampling_logps=logps)
     monkeypatch.setattr(ev, "_sampled_blocks", lambda *a, **k: iter([(rows, batch)]))
     records = ev.sampled_records(None, None, rows, 4, 64)
     assert records == [{"idx": 7, "difficulty": "basic", "right": 2, "formatted": 3, "nll": 4.0, "tokens": 8},
