@@ -16,11 +16,9 @@ import json
 import time
 from typing import Any
 
-import torch
-
 from .atomic import write_json_atomic
 from .data import gold_start
-from .evaluate import correct_counts
+from .evaluate import correct_counts, weights_fingerprint
 from .fingerprint import code_fingerprint, data_hash
 from .models import cache_dir
 from .sampling import resolve_sampling_dtype
@@ -45,26 +43,14 @@ def screen_prompts(model, tokenizer, rows: dict[str, list], samples: int, max_ne
                           seed, batch_prompts, sampling_dtype, progress, "screening the pool")
 
 
-def _weights_hash(model) -> str:
-    """A hash of the trainable (adapter) weights, or of every weight when none is trainable."""
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] or \
-        list(model.named_parameters())
-    digest = hashlib.blake2b(digest_size=16)
-    for name, p in params:
-        t = p.detach().float().contiguous()
-        digest.update(f"{name}:{tuple(t.shape)}".encode())
-        digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int],
                   progress: bool = True) -> dict[str, Any]:
     """``{"ids", "correct", "samples", "mixed"}``: the screening of the prompts ``ids`` (their
     ``rows``) by ``model`` with ``config``'s start, budget, temperature and seed, and the ids it
     keeps; read from the cache when the same weights screened the same prompts before."""
     samples = config.pool_samples or config.num_generations
-    key = {"weights": _weights_hash(model), "model": config.model, "data": data_hash([{"question": q, "answer": a} for q, a in
-                                      zip(rows["question"], rows["answer"], strict=True)]),
+    problems = [{"question": q, "answer": a} for q, a in zip(rows["question"], rows["answer"], strict=True)]
+    key = {"weights": weights_fingerprint(model), "model": config.model, "data": data_hash(problems),
            "ids": ids, "samples": samples, "max_new_tokens": config.max_completion_length,
            "lines_left": config.lines_left, "temperature": config.temperature,
            "seed": config.seed,
@@ -97,6 +83,7 @@ def pool_summary(pool: dict[str, Any]) -> dict[str, Any]:
     always = sum(c == s for c in pool["correct"])
     return {"screened": n, "kept": len(pool["mixed"]), "samples": s, "never_share": never / n,
             "mixed_share": len(pool["mixed"]) / n, "always_share": always / n}
+
 
 #: what a screening holds (``screened_pool``), besides the summary
 POOL_KEYS = ("ids", "correct", "samples", "mixed", "seconds")
