@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from grpo_course.atomic import atomic_write, write_json_atomic
 from grpo_course.checkpoints import POOL_FILE
+from grpo_course.colab import ColabError, head_commit
 from grpo_course.config import RECIPES_DIR, ConfigError
 from grpo_course.errors import OneLineArgumentParser, report
 from grpo_course.hardware import bench_facts
@@ -43,12 +44,11 @@ STARTED = "started.json"          # in the work folder: the commit and time of t
 def commit() -> str:
     """This checkout's commit (with ``-dirty`` when tracked files differ from it)."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
-        return head + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
+        head = head_commit(ROOT)
+    except ColabError:
         return "unknown"
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    return head + ("-dirty" if dirty else "")
 
 
 def copy_adapter(src: Path, dst: Path) -> None:
