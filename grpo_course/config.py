@@ -518,6 +518,18 @@ def full_grpo_steps() -> int:
     return FULL_GRPO_STEPS["native_bf16" if hardware.native_bf16() else "fp32"]
 
 
+#: What chapter 3's second page samples on the full profile, sized like :data:`FULL_GRPO_STEPS`
+#: (sampling in fp32 takes longer): the samples per problem of its pass@k curves, and the reference
+#: run's problems per test slice it samples again to check the fixed test's counts.
+FULL_LIVE_SAMPLES = {"native_bf16": {"samples": 16, "live_problems": 16},
+                     "fp32": {"samples": 8, "live_problems": 8}}
+
+
+def full_live_samples() -> dict[str, int]:
+    """The full profile's live samples on this machine (:data:`FULL_LIVE_SAMPLES`)."""
+    return FULL_LIVE_SAMPLES["native_bf16" if hardware.native_bf16() else "fp32"]
+
+
 #: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),
 #: read from the recipe that a student runs from the shell: ``recipes/grpo_levers.yaml``.
 GRPO_LEVERS: dict[str, Any] = load_recipe(RECIPES_DIR / "grpo_levers.yaml")
@@ -568,6 +580,9 @@ PROFILES: dict[str, Profile] = {
                         train_micro_batch=8, **GRPO_LEVERS),
         data=DataSizes(n_inspect=7473, n_demo=3),
         rewards=RewardSizes(prompts=8, max_new_tokens=160),
+        # chapter 3's second page: its live samples, FULL_LIVE_SAMPLES, more where the CPU has native bf16
+        start=StartSizes(samples=full_live_samples()["samples"]),
+        ref=ReferenceSizes(live_problems=full_live_samples()["live_problems"]),
         # chapter 3's loop: the notebook's own step has no prompt cache and no bf16 training pass,
         # so it samples one prompt a step with shorter completions
         # the loop's one plain forward over G completions keeps every layer's activations for the

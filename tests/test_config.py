@@ -73,6 +73,22 @@ def test_full_grpo_steps_are_sized_to_the_cpu(monkeypatch):
     assert PROFILES["full"].grpo.max_steps == config.full_grpo_steps()
 
 
+def test_full_live_samples_are_sized_to_the_cpu(monkeypatch):
+    """Chapter 3's second page samples less where sampling runs in fp32, within its 15 minutes."""
+    from grpo_course import config, hardware
+
+    monkeypatch.setattr(hardware, "native_bf16", lambda: True)
+    fast = config.full_live_samples()
+    monkeypatch.setattr(hardware, "native_bf16", lambda: False)
+    slow = config.full_live_samples()
+    assert fast == config.FULL_LIVE_SAMPLES["native_bf16"] and slow == config.FULL_LIVE_SAMPLES["fp32"]
+    assert all(fast[k] >= slow[k] > getattr(PROFILES["smoke"].start, k, PROFILES["smoke"].ref.live_problems)
+               for k in slow)
+    monkeypatch.undo()
+    full = PROFILES["full"]
+    assert (full.start.samples, full.ref.live_problems) == tuple(config.full_live_samples().values())
+
+
 def test_every_profile_section_field_is_read_somewhere():
     """No dead fields: each chapter section's fields are read by a chapter or the package
     (``P.quant.eval_n``, ``self.short.num_generations``, ``profile.quant.policy_steps``)."""
