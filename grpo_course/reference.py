@@ -9,7 +9,9 @@ The reference run (``recipes/reference_run.yaml``, trained by ``make reference-r
   95 % on both (:func:`primary_verdict`);
 * beside it, on the same problems: greedy accuracy with McNemar's test, pass@K from the same
   samples, and the policy's entropy (the mean negative log-probability of its sampled tokens),
-  which together tell sharpening (pass@1 up, pass@K flat, entropy down) from new solutions;
+  which together tell sharpening (pass@1 up, pass@K flat, entropy down) from new solutions (at
+  K = 8 only roughly: sharpening alone can raise pass@8 on problems solved in fewer than 1 sample
+  in 8; large K separates the two);
 * the transfer to two lines left and to whole problems (greedy, the first slice), reported
   whatever it shows.
 """
