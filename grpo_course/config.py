@@ -513,9 +513,14 @@ class Profile:
 FULL_GRPO_STEPS = {"native_bf16": 6, "fp32": 4}
 
 
+def cpu_kind() -> str:
+    """``"native_bf16"`` or ``"fp32"``: the key of this machine's full-profile sizes."""
+    return "native_bf16" if hardware.native_bf16() else "fp32"
+
+
 def full_grpo_steps() -> int:
     """The full profile's GRPO steps on this machine (:data:`FULL_GRPO_STEPS`)."""
-    return FULL_GRPO_STEPS["native_bf16" if hardware.native_bf16() else "fp32"]
+    return FULL_GRPO_STEPS[cpu_kind()]
 
 
 #: What chapter 3's second page samples on the full profile, sized like :data:`FULL_GRPO_STEPS`
@@ -527,7 +532,7 @@ FULL_LIVE_SAMPLES = {"native_bf16": {"samples": 16, "live_problems": 16},
 
 def full_live_samples() -> dict[str, int]:
     """The full profile's live samples on this machine (:data:`FULL_LIVE_SAMPLES`)."""
-    return FULL_LIVE_SAMPLES["native_bf16" if hardware.native_bf16() else "fp32"]
+    return FULL_LIVE_SAMPLES[cpu_kind()]
 
 
 #: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),
