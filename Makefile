@@ -74,7 +74,7 @@ $(VENDOR)/.fetched:
 	touch $@
 
 model: $(STAMP)
-	$(BIN)/python -c "from grpo_course.models import bundled_model_dir; print('model cache:', bundled_model_dir())"
+	$(BIN)/python -c "from grpo_course.core.loading import bundled_model_dir; print('model cache:', bundled_model_dir())"
 
 # Lint (rules F, I, B, UP in pyproject.toml) over the package, the benchmarks, the tests and the chapters.
 lint: $(STAMP)
@@ -156,7 +156,7 @@ book-check: model
 	rm -rf $$cache
 
 # Publishing (an instructor's fork): point the book at the fork once with
-#   python -m grpo_course.publish --repository-url https://github.com/<you>/<fork>
+#   python -m grpo_course.book.publish --repository-url https://github.com/<you>/<fork>
 # then `make book`, then `make publish`, and push with the command it prints.
 # BOOK_ROOT / BOOK_BUILD: the book's sources and its build (make test publishes its smoke book)
 BOOK_ROOT ?= .
@@ -165,13 +165,13 @@ publish: install
 	@test -f $(BOOK_BUILD)/html/index.html || { echo "no built book in $(BOOK_BUILD)/html: run make book first"; exit 1; }
 	touch $(BOOK_BUILD)/html/.nojekyll        # GitHub Pages: serve _static/ and _images/ as they are
 	# the Colab edition (MyST -> CommonMark, the book run's values): colab/ beside html/ and in the site
-	$(BIN)/python -m grpo_course.colab --root $(BOOK_ROOT) --build $(BOOK_BUILD)
+	$(BIN)/python -m grpo_course.book.colab --root $(BOOK_ROOT) --build $(BOOK_BUILD)
 	echo "$(BOOK_BUILD)/html is ready. Publish it on the gh-pages branch with:"
 	echo "  $(BIN)/ghp-import -n -p -f $(BOOK_BUILD)/html"
 
 # Student versions for an instructor: solutions removed, stubs kept, checks graded (nbgrader metadata)
 assignments: install
-	$(BIN)/python -m grpo_course.assignments --out _build/assignments
+	$(BIN)/python -m grpo_course.book.assignments --out _build/assignments
 
 bench: model
 	$(BIN)/python bench/throughput.py --sweep

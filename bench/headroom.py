@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.recipes import check_slices_and_out
 from grpo_course.config import START_BUDGETS, get_profile
-from grpo_course.errors import CourseError, OneLineArgumentParser, report
-from grpo_course.hardware import bench_facts
+from grpo_course.infra.errors import CourseError, OneLineArgumentParser, report
+from grpo_course.infra.hardware import bench_facts
 
 DEFAULT_SLICES = "512:768,768:1024"
 #: the starts (lines_left; None: the whole problem) and each one's completion budget: the
@@ -51,9 +51,10 @@ def start_name(lines_left: int | None) -> str:
 
 def measure(model, tok, test, lines_left, a) -> dict:
     """Greedy and sampled measurements of one start on one slice, by stratum and for all."""
-    from grpo_course.data import STRATA, gold_starts
-    from grpo_course.evaluate import correct_counts, evaluate_model, pass_at_k_curve
-    from grpo_course.stats import wilson_interval
+    from grpo_course.core.data import STRATA, gold_starts
+    from grpo_course.core.pool import correct_counts
+    from grpo_course.measure.evaluate import evaluate_model, pass_at_k_curve
+    from grpo_course.measure.stats import wilson_interval
 
     rows = gold_starts(test, lines_left)
     budget = BUDGETS[lines_left]
@@ -119,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
 def _run(a) -> int:
     import torch
 
-    from grpo_course.atomic import write_json_atomic
-    from grpo_course.data import load_gsm8k
-    from grpo_course.models import load_model
-    from grpo_course.warmstart import warm_start
+    from grpo_course.core.data import load_gsm8k
+    from grpo_course.core.loading import load_model
+    from grpo_course.core.warmstart import warm_start
+    from grpo_course.infra.atomic import write_json_atomic
 
     cfg = get_profile("full").grpo
     warm_dir = warm_start(cfg, load_gsm8k("train"))

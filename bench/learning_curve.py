@@ -25,15 +25,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.atomic import write_json_atomic
-from grpo_course.checkpoints import POOL_FILE, SNAPSHOTS
 from grpo_course.config import START_BUDGETS, ConfigError
-from grpo_course.errors import OneLineArgumentParser, report
-from grpo_course.evaluate import compare_sampled, evaluate_sampled, held_out_rows
-from grpo_course.hardware import bench_facts
-from grpo_course.models import cache_dir, quiet_loading
-from grpo_course.pool import pool_summary
-from grpo_course.runs import load_run_config, read_metrics
+from grpo_course.core.checkpoints import POOL_FILE, SNAPSHOTS
+from grpo_course.core.loading import quiet_loading
+from grpo_course.core.pool import pool_summary
+from grpo_course.core.runs import load_run_config, read_metrics
+from grpo_course.infra.atomic import write_json_atomic
+from grpo_course.infra.errors import OneLineArgumentParser, report
+from grpo_course.infra.hardware import bench_facts
+from grpo_course.infra.paths import cache_dir
+from grpo_course.measure.evaluate import compare_sampled, evaluate_sampled, held_out_rows
 
 SEED = 20250   # the validation samples' seed: the same for every step, so the steps are paired
 

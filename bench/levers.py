@@ -3,7 +3,7 @@
     python bench/levers.py                 # one JSON line; also written to data/levers.json
     python bench/levers.py --steps 3 --only plain,dynamic_sampling
 
-Every variant starts from the same SFT-warmed adapter (:func:`grpo_course.warmstart.warm_start`
+Every variant starts from the same SFT-warmed adapter (:func:`grpo_course.core.warmstart.warm_start`
 of the full profile) and runs ``--steps`` GRPO steps on GSM8K train prompts. ``plain`` is the
 trainer without levers (G = 4, 8 completions per step, random prompt order, one update per
 batch, the format + correctness rewards); each other variant adds one lever to it, and
@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.errors import CourseError, OneLineArgumentParser, report
-from grpo_course.hardware import bench_facts
+from grpo_course.infra.errors import CourseError, OneLineArgumentParser, report
+from grpo_course.infra.hardware import bench_facts
 
 PLAIN = dict(num_generations=4, per_step_completions=8, prompt_order="random",
              dynamic_sampling=False, num_iterations=1, epsilon_high=None,
@@ -46,8 +46,8 @@ LEVERS = {
 
 def run_variant(name: str, changes: dict, steps: int, warm_dir, train) -> dict:
     from grpo_course.config import get_profile
-    from grpo_course.models import load_model
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.loading import load_model
+    from grpo_course.core.train import CourseTrainer
 
     base = get_profile("full").grpo
     cfg = base if name == "profile" else dataclasses.replace(base, **{**PLAIN, **changes})
@@ -94,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
 def _run(a, names: list[str]) -> int:
     import torch
 
-    from grpo_course.atomic import write_json_atomic
     from grpo_course.config import get_profile
-    from grpo_course.data import load_gsm8k
-    from grpo_course.warmstart import warm_start
+    from grpo_course.core.data import load_gsm8k
+    from grpo_course.core.warmstart import warm_start
+    from grpo_course.infra.atomic import write_json_atomic
 
     train = load_gsm8k("train")
     warm_dir = warm_start(get_profile("full").grpo, train)

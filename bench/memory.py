@@ -11,7 +11,7 @@ is the chapter's ``peak_rss_mib``; ``top_cells`` names the three code cells (by 
 peak the most, and ``cells`` lists every code cell's peak and its resident memory at its end:
 where to look when a chapter is over its limit. The results are merged into ``--out`` (default
 ``grpo_course/measurements/memory.json``, package data, written atomically after every pair, so an interrupted run keeps what it
-measured and the notebooks' :func:`grpo_course.memory.check_memory` reads it). One JSON line
+measured and the notebooks' :func:`grpo_course.infra.memory.check_memory` reads it). One JSON line
 with every measured pair, the limit of the ``binder`` profile (1.8 GiB per chapter) and the
 machine is printed at the end; progress goes to stderr.
 """
@@ -30,11 +30,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.atomic import write_json_atomic
 from grpo_course.config import PROFILE_NAMES
-from grpo_course.errors import OneLineArgumentParser
-from grpo_course.hardware import bench_facts, memory_limit_bytes
-from grpo_course.memory import CHAPTER_LIMIT_MIB, MEMORY_FILE, read_measurements, tree_rss_bytes
+from grpo_course.infra.atomic import write_json_atomic
+from grpo_course.infra.errors import OneLineArgumentParser
+from grpo_course.infra.hardware import bench_facts, memory_limit_bytes
+from grpo_course.infra.memory import CHAPTER_LIMIT_MIB, MEMORY_FILE, read_measurements, tree_rss_bytes
 
 NOTEBOOKS = ROOT / "notebooks"
 
@@ -98,7 +98,7 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float,
                 peak = sampler.stop()
         wall = time.perf_counter() - start
         if executed is not None:
-            from grpo_course.atomic import write_text_atomic
+            from grpo_course.infra.atomic import write_text_atomic
             write_text_atomic(executed / f"{path.stem}.{profile}.ipynb", nbformat.writes(nb))
     finally:
         shutil.rmtree(work, ignore_errors=True)

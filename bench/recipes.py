@@ -3,15 +3,15 @@
     python bench/recipes.py                      # one JSON line; also written to data/recipes.json
     python bench/recipes.py --minutes 3 --only profile,grounded --slices 512:768,768:1024
 
-Every recipe starts from the shared warm start (:func:`grpo_course.warmstart.warm_start` of the
+Every recipe starts from the shared warm start (:func:`grpo_course.core.warmstart.warm_start` of the
 full profile), trains GRPO until its steps have taken ``--minutes`` of wall time, and is evaluated
 greedily on each of the disjoint held-out GSM8K test slices ``--slices`` (by default rows
 512-1023 and 1024-1318: never the first 512 that chapter 3 reports on, so that choosing a recipe
 here does not peek at the problems the chapter tests it on). On every slice each recipe is
-compared with the warm start by :func:`grpo_course.attribution.phase_changes` (accuracy, format
+compared with the warm start by :func:`grpo_course.measure.attribution.phase_changes` (accuracy, format
 and reaching a gold intermediate result by McNemar, step F1 and equations per answer by paired
 difference, arithmetic, solved overlap) and held to the bars of
-:func:`grpo_course.attribution.farming_checks`: a gain in gold steps that comes with more
+:func:`grpo_course.measure.attribution.farming_checks`: a gain in gold steps that comes with more
 equations per answer is the dense reward being farmed, not learned. The recipes:
 
 * ``format_led`` - the course's earlier recipe: ``grpo`` loss, dynamic sampling on the total
@@ -37,8 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.errors import CourseError, OneLineArgumentParser, report
-from grpo_course.hardware import bench_facts
+from grpo_course.infra.errors import CourseError, OneLineArgumentParser, report
+from grpo_course.infra.hardware import bench_facts
 
 RECIPES = {
     "format_led": dict(loss_type="grpo", dynamic_sampling_reward=None, generation_batch_size=None,
@@ -61,8 +61,8 @@ def train_for(cfg, warm_dir, train, seconds: float) -> tuple[object, list[dict]]
     """A trainer started from ``warm_dir`` after as many GRPO steps as fit in ``seconds``."""
     from tqdm.auto import tqdm
 
-    from grpo_course.models import load_model
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.loading import load_model
+    from grpo_course.core.train import CourseTrainer
 
     model, tok = load_model(cfg.model)
     trainer = CourseTrainer(model, tok, cfg, train).start_from(warm_dir)
@@ -78,9 +78,9 @@ def train_for(cfg, warm_dir, train, seconds: float) -> tuple[object, list[dict]]
 def run_recipe(name: str, a, warm_dir, train, slices: list[dict]) -> dict:
     """Train recipe ``name`` from the warm start, then compare it with the warm start on every
     held-out slice (``slices``: rows, dataset and the warm start's evaluation of them)."""
-    from grpo_course.attribution import farming_checks, phase_changes
     from grpo_course.config import get_profile
-    from grpo_course.evaluate import evaluate_model
+    from grpo_course.measure.attribution import farming_checks, phase_changes
+    from grpo_course.measure.evaluate import evaluate_model
 
     cfg = dataclasses.replace(get_profile("full").grpo, **RECIPES[name])
     trainer, rows = train_for(cfg, warm_dir, train, 60 * a.minutes)
@@ -156,13 +156,13 @@ def main(argv: list[str] | None = None) -> int:
 def _run(a, names: list[str]) -> int:
     import torch
 
-    from grpo_course.atomic import write_json_atomic
-    from grpo_course.attribution import chance_baseline
     from grpo_course.config import get_profile
-    from grpo_course.data import load_gsm8k
-    from grpo_course.evaluate import evaluate_model
-    from grpo_course.models import load_model
-    from grpo_course.warmstart import warm_start
+    from grpo_course.core.data import load_gsm8k
+    from grpo_course.core.loading import load_model
+    from grpo_course.core.warmstart import warm_start
+    from grpo_course.infra.atomic import write_json_atomic
+    from grpo_course.measure.attribution import chance_baseline
+    from grpo_course.measure.evaluate import evaluate_model
 
     train = load_gsm8k("train")
     slices = []

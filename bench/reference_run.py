@@ -4,7 +4,7 @@ ship its folder.
     python bench/reference_run.py                  # make reference-run: trains, then exports
     python bench/reference_run.py --export-only    # export a finished run again
 
-The run trains with the train CLI (``python -m grpo_course.train --resume``) in a work folder
+The run trains with the train CLI (``python -m grpo_course.core.train --resume``) in a work folder
 outside the checkout (``$GRPO_COURSE_CACHE/runs/reference``): stopped at any point (Ctrl-C, a
 closed laptop), the same command continues from its last checkpoint and ends where an
 uninterrupted run would. When the run has all its steps, its folder is exported to
@@ -25,15 +25,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.atomic import atomic_write, write_json_atomic
-from grpo_course.checkpoints import POOL_FILE
-from grpo_course.colab import ColabError, head_commit
+from grpo_course.book.colab import ColabError, head_commit
 from grpo_course.config import RECIPES_DIR, ConfigError
-from grpo_course.errors import OneLineArgumentParser, report
-from grpo_course.hardware import bench_facts
-from grpo_course.models import cache_dir
-from grpo_course.pool import pool_record
-from grpo_course.runs import METRICS_FILE, RUN_CONFIG_FILE, read_metrics
+from grpo_course.core.checkpoints import POOL_FILE
+from grpo_course.core.pool import pool_record
+from grpo_course.core.runs import METRICS_FILE, RUN_CONFIG_FILE, read_metrics
+from grpo_course.infra.atomic import atomic_write, write_json_atomic
+from grpo_course.infra.errors import OneLineArgumentParser, report
+from grpo_course.infra.hardware import bench_facts
+from grpo_course.infra.paths import cache_dir
 
 RECIPE = RECIPES_DIR / "reference_run.yaml"
 #: an adapter folder as load_model reads it (the tokenizer is the base model's)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             if not (work / STARTED).is_file():
                 write_json_atomic(work / STARTED, {"commit": commit(),
                                                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-            from grpo_course.train import main as train
+            from grpo_course.core.train import main as train
             code = train(["--profile", "full", "--config", str(RECIPE), "--out", str(work),
                           "--resume", *extra])
             if code:

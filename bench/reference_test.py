@@ -1,4 +1,4 @@
-"""The reference run's tests, fixed in advance (:mod:`grpo_course.reference`), on this machine.
+"""The reference run's tests, fixed in advance (:mod:`grpo_course.measure.reference`), on this machine.
 
     python bench/reference_test.py                 # data/runs/reference -> data/reference_test.json
     python bench/reference_test.py --run DIR --no-transfer
@@ -19,11 +19,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.atomic import write_json_atomic
-from grpo_course.errors import OneLineArgumentParser, report
-from grpo_course.hardware import bench_facts
-from grpo_course.models import quiet_loading
-from grpo_course.reference import REFERENCE_RUN, SAMPLES, reference_tests
+from grpo_course.core.loading import quiet_loading
+from grpo_course.infra.atomic import write_json_atomic
+from grpo_course.infra.errors import OneLineArgumentParser, report
+from grpo_course.infra.hardware import bench_facts
+from grpo_course.measure.reference import REFERENCE_RUN, SAMPLES, reference_tests
 
 
 def main(argv: list[str] | None = None) -> int:

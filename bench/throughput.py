@@ -38,9 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.atomic import write_json_atomic
-from grpo_course.errors import OneLineArgumentParser
-from grpo_course.hardware import available_cores, bench_facts, peak_rss_mib
+from grpo_course.infra.atomic import write_json_atomic
+from grpo_course.infra.errors import OneLineArgumentParser
+from grpo_course.infra.hardware import available_cores, bench_facts, peak_rss_mib
 
 #: ``--train-micro-batch``: the completions each forward/backward pass of the course trainer takes
 #: (``GRPOConfig.train_micro_batch``: G, or None for all); the update is the same either way
@@ -67,9 +67,9 @@ def summarize(seconds: list[float], tokens: list[int], completions: int) -> dict
 
 def worker_ours(G: int, completions: int, length: int, steps: int, all_groups: bool,
                 micro: str = "group") -> dict:
-    from grpo_course.data import load_gsm8k
-    from grpo_course.models import load_model
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.data import load_gsm8k
+    from grpo_course.core.loading import load_model
+    from grpo_course.core.train import CourseTrainer
 
     cfg = bench_config(G, completions, length, micro)
     model, tok = load_model(cfg.model)
@@ -93,9 +93,9 @@ def worker_ours(G: int, completions: int, length: int, steps: int, all_groups: b
 def worker_sampling(sequences: int, length: int, dtype: str = "auto") -> dict:
     """Decode speed at ``sequences`` rows (8 prompts x G), temperature 1, no EOS stop bias,
     with the sampler's weights in ``dtype`` (``auto`` = what the trainer uses)."""
-    from grpo_course.data import chat_prompts, load_gsm8k
-    from grpo_course.models import load_model
-    from grpo_course.sampling import sample_completions
+    from grpo_course.core.data import chat_prompts, load_gsm8k
+    from grpo_course.core.loading import load_model
+    from grpo_course.core.sampling import sample_completions
 
     model, tok = load_model()
     prompts = chat_prompts(load_gsm8k("train", limit=8)["question"], tok)
@@ -120,8 +120,8 @@ def worker_trl(G: int, completions: int, length: int, steps: int, mode: str = "f
     import torch
     from transformers import TrainerCallback
 
-    from grpo_course.models import load_model
-    from grpo_course.trl_bridge import train_with_trl
+    from grpo_course.core.loading import load_model
+    from grpo_course.topics.trl_bridge import train_with_trl
 
     class Timer(TrainerCallback):
         def __init__(self):
@@ -156,16 +156,16 @@ def fastest_run(runs: dict[str, dict]) -> str | None:
 def settings(micro: str = "group") -> dict:
     """Every setting of both trainers that the benchmark does not vary."""
     from grpo_course.config import GRPOConfig
-    from grpo_course.memory import ONEDNN_CACHES
-    from grpo_course.sampling import resolve_sampling_dtype
-    from grpo_course.trl_bridge import FIXED_TRL_FIELDS
+    from grpo_course.core.sampling import resolve_sampling_dtype
+    from grpo_course.infra.memory import ONEDNN_CACHES
+    from grpo_course.topics.trl_bridge import FIXED_TRL_FIELDS
 
     cfg = GRPOConfig()
     resolved = lambda name: str(resolve_sampling_dtype(name) or "torch.float32")
     train_dtype = resolved(cfg.train_dtype)
     return {"ours": {"sampling_dtype": resolved(cfg.sampling_dtype),
                      "train_dtype": train_dtype, "use_lora": cfg.use_lora,
-                     # a bf16 training pass holds the frozen base in bf16 (grpo_course.precision)
+                     # a bf16 training pass holds the frozen base in bf16 (grpo_course.core.precision)
                      "frozen_base_dtype": train_dtype,
                      "train_micro_batch": MICRO_BATCHES[micro],
                      "lora_r": cfg.lora_r, "loss_type": cfg.loss_type, "beta": cfg.beta,
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.worker and (Path(a.out).is_dir() or not Path(a.out).parent.is_dir()):
         p.error(f"--out {a.out!r} must name a file in an existing folder")
     if a.worker:  # inside a subprocess
-        from grpo_course.models import set_threads
+        from grpo_course.infra.hardware import set_threads
         set_threads()
         if a.worker == "ours":
             res = worker_ours(a.num_generations, a.completions, a.length, a.steps, a.all_groups,

@@ -17,8 +17,8 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from . import hardware
-from .errors import CourseError
+from grpo_course.infra import hardware
+from grpo_course.infra.errors import CourseError
 
 PROFILE_ENV = "GRPO_COURSE_PROFILE"
 PROFILE_NAMES = ("smoke", "full", "binder")
@@ -284,7 +284,7 @@ def coerce_field(name: str, value: Any) -> Any:
     kinds = get_type_hints(GRPOConfig)
     if name not in kinds:
         raise ConfigError(f"unknown GRPOConfig field {name!r} "
-                          f"(python -m grpo_course.train --help lists them)")
+                          f"(python -m grpo_course.core.train --help lists them)")
     try:
         return _coerce(kinds[name], value)
     except (ValueError, TypeError):
@@ -437,7 +437,7 @@ class StartSizes:
 
 @dataclass(frozen=True)
 class ReferenceSizes:
-    """The reference run's tests (:mod:`grpo_course.reference`). ``slices``/``samples``/``transfer``
+    """The reference run's tests (:mod:`grpo_course.measure.reference`). ``slices``/``samples``/``transfer``
     are the test fixed in advance (``bench/reference_test.py`` runs it); chapter 3's second page
     recomputes the first ``live_problems`` problems of each slice live (same seed and blocks, so
     the same answers on the same kind of machine) and checks them against the benchmark's."""
@@ -474,7 +474,7 @@ class Profile:
     quant: QuantSizes = field(default_factory=QuantSizes)            # chapter 6
     prof: ProfilingSizes = field(default_factory=ProfilingSizes)     # chapter 7
     short: ShortRunSizes = field(default_factory=ShortRunSizes)      # chapters 4 and 5
-    # memory: trade a little speed for memory (grpo_course.memory.use_low_memory: freed tensors go
+    # memory: trade a little speed for memory (grpo_course.infra.memory.use_low_memory: freed tensors go
     # back to the system at once, heaps trimmed after each step, one sampler weight copy; binder)
     low_memory: bool = False
 
@@ -613,7 +613,7 @@ def _binder_profile(full: Profile) -> Profile:
     held-out problems (the intervals say so), no
     2-process run (two more copies of the model do not fit), a shorter step under torch.profiler
     and no full fine-tuning run in chapter 7 (AdamW's state for every weight), and the
-    low-memory mode (:func:`grpo_course.memory.use_low_memory`)."""
+    low-memory mode (:func:`grpo_course.infra.memory.use_low_memory`)."""
     return replace(
         full, name="binder",
         eval=EvalConfig(n=128, batch_size=8, max_new_tokens=200),

@@ -30,8 +30,8 @@ def real_gsm8k_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def course_rows() -> list[dict]:
-    """The rows above with the course's columns (``grpo_course.data.parse_row``)."""
-    from grpo_course.data import parse_row
+    """The rows above with the course's columns (``grpo_course.core.data.parse_row``)."""
+    from grpo_course.core.data import parse_row
     return [parse_row(r) for r in ROWS]
 
 
@@ -40,7 +40,7 @@ def bundled_tokenizer():
     """The bundled model's tokenizer (left padding), read from the converted model's cache."""
     from transformers import AutoTokenizer
 
-    from grpo_course.models import bundled_model_dir
+    from grpo_course.core.loading import bundled_model_dir
 
     tok = AutoTokenizer.from_pretrained(bundled_model_dir())
     tok.padding_side = "left"
@@ -64,14 +64,14 @@ def fake_gguf(monkeypatch, tmp_path):
     is interrupted (a Ctrl-C while the converted copy is written)."""
     import transformers
 
-    from grpo_course import models
+    from grpo_course.core import loading
     from tests.helpers import FakeTokenizer, tiny_llama
 
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
-    gguf = tmp_path / "pkg" / models.GGUF_FILE
+    gguf = tmp_path / "pkg" / loading.GGUF_FILE
     gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF")
-    monkeypatch.setattr(models, "bundled_gguf_path", lambda: gguf)
+    monkeypatch.setattr(loading, "bundled_gguf_path", lambda: gguf)
     state = {"fail": False}
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
                         lambda *a, **k: FakeTokenizer(state["fail"]))

@@ -98,7 +98,7 @@ def tiny_trainer(out_dir=None, **changes):
     """A ``CourseTrainer`` on the tiny model and the addition rows (LoRA, the length reward)."""
     import datasets
 
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.train import CourseTrainer
 
     cfg = GRPOConfig(**{**dict(num_generations=2, per_step_completions=4,
                                max_completion_length=6, max_steps=4, learning_rate=1e-2,

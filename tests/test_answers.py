@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_course import answers, evaluate, rewards
-from grpo_course.answers import answers_match
+from grpo_course.core import answers, rewards
+from grpo_course.core.answers import answers_match
+from grpo_course.measure import evaluate
 
 
 @pytest.mark.parametrize("predicted, gold, same", [

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_course import atomic
-from grpo_course.atomic import atomic_write, write_json_atomic, write_text_atomic
+from grpo_course.infra import atomic
+from grpo_course.infra.atomic import atomic_write, write_json_atomic, write_text_atomic
 from tests.helpers import tiny_llama
 
 
@@ -108,7 +108,7 @@ def test_killed_process_leaves_the_old_file(tmp_path):
     target = tmp_path / "data.json"
     target.write_text('{"old": true}')
     code = ("import os, sys\n"
-            "from grpo_course.atomic import atomic_write\n"
+            "from grpo_course.infra.atomic import atomic_write\n"
             "def w(tmp):\n"
             "    tmp.write_text('{\"new\": ')\n"
             "    os._exit(9)\n"
@@ -133,7 +133,7 @@ def torn_save_file(monkeypatch, module) -> None:
 
 
 def test_save_quantized_interrupted_keeps_the_old_variant(tmp_path, monkeypatch):
-    from grpo_course import quantize as Q
+    from grpo_course.topics import quantize as Q
 
     model = Q.quantize(tiny_llama(), "dynamic")
     folder = Q.save_quantized(model, None, tmp_path / "dynamic", "dynamic")
@@ -147,8 +147,8 @@ def test_save_quantized_interrupted_keeps_the_old_variant(tmp_path, monkeypatch)
 
 
 def test_ewc_save_interrupted_keeps_the_old_file(tmp_path, monkeypatch):
-    from grpo_course import curriculum
-    from grpo_course.curriculum import EWC
+    from grpo_course.topics import curriculum
+    from grpo_course.topics.curriculum import EWC
 
     ewc = EWC({"w": torch.ones(3)}, {"w": torch.zeros(3)}, lam=2.0)
     path = ewc.save(tmp_path)
@@ -198,11 +198,11 @@ def test_save_model_interrupted_keeps_the_old_model_not_a_mix(tmp_path, monkeypa
 
 
 def test_model_cache_write_interrupted_keeps_the_old_cache(fake_gguf, tmp_path):
-    from grpo_course import models
+    from grpo_course.core import loading
 
-    target = models.bundled_model_dir()
+    target = loading.bundled_model_dir()
     before = snapshot(target)
     fake_gguf["fail"] = True                                        # Ctrl-C while saving
     with pytest.raises(KeyboardInterrupt):
-        models.bundled_model_dir(refresh=True)
-    assert snapshot(target) == before and siblings(target) == [models.BUNDLED_NAME]
+        loading.bundled_model_dir(refresh=True)
+    assert snapshot(target) == before and siblings(target) == [loading.BUNDLED_NAME]

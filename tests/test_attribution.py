@@ -5,8 +5,8 @@ from fractions import Fraction
 
 import pytest
 
-from grpo_course.arithmetic import arithmetic_check, equation_is_right, evaluate_expression
-from grpo_course.attribution import (
+from grpo_course.core.arithmetic import arithmetic_check, equation_is_right, evaluate_expression
+from grpo_course.measure.attribution import (
     chance_baseline,
     chance_candidates,
     changes_table,
@@ -18,8 +18,8 @@ from grpo_course.attribution import (
     recipe_rows,
     solved_overlap,
 )
-from grpo_course.evaluate import EvalResult
-from grpo_course.stats import paired_difference
+from grpo_course.measure.evaluate import EvalResult
+from grpo_course.measure.stats import paired_difference
 
 ROWS = [
     {"idx": 0, "question": "Tom has 12 apples and buys 30 more. How many apples does he have?",
@@ -32,7 +32,7 @@ ROWS = [
 
 
 def _result(completions, golds=("42", "27", "210")):
-    from grpo_course.answers import answers_match, extract_hash_answer
+    from grpo_course.core.answers import answers_match, extract_hash_answer
     records = []
     for i, (text, gold) in enumerate(zip(completions, golds, strict=False)):
         guess = extract_hash_answer(text)
@@ -133,7 +133,7 @@ def test_farming_checks_pass_a_clean_gain_and_name_each_failed_bar():
 
 
 def test_held_out_rewards_score_each_answer_against_its_own_problem():
-    from grpo_course.rewards import EXACT_REWARD, NEAR_REWARD, STEP_REWARD
+    from grpo_course.core.rewards import EXACT_REWARD, NEAR_REWARD, STEP_REWARD
     after = _result(["12+30 = 42\n#### 42", "6*4 = 24\n#### 24", "I do not know"])
     got = held_out_rewards(after, ROWS, {"correctness": 1.0, "intermediate_results": 2.0})
     assert got[0] == pytest.approx(EXACT_REWARD + 2 * STEP_REWARD)         # right, the one step

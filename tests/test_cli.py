@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from grpo_course import config as C
-from grpo_course import runs as R
-from grpo_course.cli import build_parser, parse_train_args
 from grpo_course.config import GRPOConfig, load_recipe
+from grpo_course.core import runs as R
+from grpo_course.core.cli import build_parser, parse_train_args
 from tests.helpers import tiny_model, tiny_tokenizer
 
 FIELDS = [f.name for f in dataclasses.fields(GRPOConfig)]
@@ -21,7 +21,7 @@ FIELDS = [f.name for f in dataclasses.fields(GRPOConfig)]
 @pytest.fixture
 def tiny_run(gsm8k_dir, tmp_path, monkeypatch):
     """``train.main`` on the conftest rows with a tiny model; records every sampling call."""
-    from grpo_course import train
+    from grpo_course.core import train
     monkeypatch.setenv("GSM8K_DIR", str(gsm8k_dir))
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(train, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
@@ -159,14 +159,14 @@ def test_every_recipe_resolves_on_both_profiles(recipe, profile):
 
 
 def test_run_config_is_printed_by_the_runs_helper_and_evaluate(tmp_path, capsys):
-    from grpo_course.evaluate import run_configs
-    from grpo_course.plotting import config_differences, print_run_config
+    from grpo_course.book.plotting import print_run_config, run_config_differences
+    from grpo_course.measure.evaluate import run_configs
     cfg = GRPOConfig(num_generations=2, loss_type="dapo")
     R.save_run_config(tmp_path / "a", cfg, "smoke")
     R.save_run_config(tmp_path / "b", GRPOConfig(), "full")
     assert print_run_config(tmp_path / "a")["loss_type"] == "dapo"
     assert re.search(r"\n  num_generations +2\n", capsys.readouterr().out)
-    diff = config_differences({"a": tmp_path / "a", "b": tmp_path / "b"})
+    diff = run_config_differences({"a": tmp_path / "a", "b": tmp_path / "b"})
     assert diff["loss_type"] == {"a": "dapo", "b": "grpo"} and "seed" not in diff
     found = run_configs([str(tmp_path / "a"), "smollm2-135m-instruct", str(tmp_path)])
     assert list(found) == [str(tmp_path / "a")] and found[str(tmp_path / "a")]["profile"] == "smoke"
@@ -194,8 +194,8 @@ BAD_YAML = "num_generations: [4\n"
     (["--profile", "huge"], {}, "unknown profile 'huge'"),
 ])
 def test_bad_input_is_one_error_line(tmp_path, capsys, monkeypatch, args, files, match):
-    from grpo_course import train
-    from grpo_course.train import main
+    from grpo_course.core import train
+    from grpo_course.core.train import main
     monkeypatch.setattr(train, "load_model", lambda name: pytest.fail("loaded a model"))
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -207,7 +207,7 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, monkeypatch, args, files,
 
 
 def test_out_is_required(capsys):
-    from grpo_course.train import main
+    from grpo_course.core.train import main
     assert main(["--profile", "smoke"]) == 2
     assert capsys.readouterr().err.strip() == "error: --out is required: name a folder for the run"
 
@@ -216,7 +216,7 @@ def test_out_is_required(capsys):
 def test_train_command_round_trips(profile):
     import shlex
 
-    from grpo_course.cli import train_command
+    from grpo_course.core.cli import train_command
     P = C.PROFILES[profile]
     cfg = dataclasses.replace(P.grpo, num_generations=4, per_step_completions=8, max_steps=3,
                               epsilon_high=None, use_lora=False, lora_target_modules=("q_proj",),
@@ -224,7 +224,7 @@ def test_train_command_round_trips(profile):
     command = train_command(cfg, profile, "runs/x", recipe=C.RECIPES_DIR / "dr_grpo.yaml")
     assert "--loss_type" not in command and "--learning_rate" not in command   # recipe, profile
     words = shlex.split(command)
-    assert words[:3] == ["python", "-m", "grpo_course.train"]
+    assert words[:3] == ["python", "-m", "grpo_course.core.train"]
     args, again, name = parse_train_args(words[3:])
     assert (again, name, args.out) == (cfg, profile, "runs/x")
     assert train_command(P.grpo, profile, "o").endswith(f"--profile {profile} --out o")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from markdown_it import MarkdownIt
 
-from grpo_course import colab
+from grpo_course.book import colab
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*_*.ipynb"))
@@ -58,15 +58,15 @@ def test_admonitions_become_details_or_blockquotes_and_links_absolute():
     assert not MYST_LEFT.search(out)
 
 
-def test_glued_values_and_glossary_ids_are_read_from_the_build():
+def test_book_run_values_and_glossary_ids_are_read_from_the_build():
     executed = {"cells": [{"cell_type": "code", "outputs": [
         {"output_type": "display_data", "metadata": {"scrapbook": {"name": "acc"}},
          "data": {"application/papermill.record/text/plain": "1.8"}}]}]}
-    assert colab.glued_values(executed) == {"acc": "1.8"}
+    assert colab.book_run_values(executed) == {"acc": "1.8"}
     # myst-nb 1.x keeps the values in <chapter>.glue.json, and none in the executed notebook
     glue_json = {"acc": {"output_type": "display_data", "metadata": {"scrapbook": {"name": "acc"}},
                          "data": {"text/plain": "2.5"}}, "n": {"data": {"text/plain": ["51", "2"]}}}
-    assert colab.glued_values({"cells": []}, glue_json) == {"acc": "2.5", "n": "512"}
+    assert colab.book_run_values({"cells": []}, glue_json) == {"acc": "2.5", "n": "512"}
     html = ('<dl><dt id="term-Native-bf16">Native bf16<a class="headerlink" href="#x">¶</a></dt>'
             '<dt id="term-AMX">AMX<a class="headerlink" href="#y">¶</a></dt></dl>')
     ids = colab.glossary_ids(html)
@@ -78,7 +78,7 @@ def test_read_glue_file_beside_the_executed_notebook(tmp_path):
     executed = tmp_path / "01_x.ipynb"
     assert colab.read_glue_file(executed) == {}
     (tmp_path / "01_x.glue.json").write_text('{"acc": {"data": {"text/plain": "1.0"}}}')
-    assert colab.glued_values({"cells": []}, colab.read_glue_file(executed)) == {"acc": "1.0"}
+    assert colab.book_run_values({"cells": []}, colab.read_glue_file(executed)) == {"acc": "1.0"}
     (tmp_path / "01_x.glue.json").write_text("{not json")
     with pytest.raises(colab.ColabError, match="01_x.glue.json"):
         colab.read_glue_file(executed)

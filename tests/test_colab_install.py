@@ -26,8 +26,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from grpo_course import colab
-from grpo_course.publish import repository
+from grpo_course.book import colab
+from grpo_course.book.publish import repository
 
 pytestmark = pytest.mark.colab_install
 

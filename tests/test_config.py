@@ -61,7 +61,8 @@ def test_eval_config_validation():
 def test_full_grpo_steps_are_sized_to_the_cpu(monkeypatch):
     """More GRPO steps where the CPU has native bf16 (a step is faster there), and the full
     profile on this machine uses the number this machine gets."""
-    from grpo_course import config, hardware
+    from grpo_course import config
+    from grpo_course.infra import hardware
 
     monkeypatch.setattr(hardware, "native_bf16", lambda: True)
     fast = config.full_grpo_steps()

@@ -6,7 +6,9 @@ import math
 import pytest
 import torch
 
-from grpo_course.curriculum import (
+from grpo_course.core.data import STRATA, load_gsm8k, work_lines
+from grpo_course.measure.evaluate import EvalResult
+from grpo_course.topics.curriculum import (
     EWC,
     CurriculumError,
     accuracy_change,
@@ -22,8 +24,6 @@ from grpo_course.curriculum import (
     start_name,
     take,
 )
-from grpo_course.data import STRATA, load_gsm8k, work_lines
-from grpo_course.evaluate import EvalResult
 from tests import helpers
 
 
@@ -203,7 +203,7 @@ def test_fisher_with_activation_checkpointing_is_the_same_fisher():
     """With activation checkpointing on (the binder profile) the Fisher runs in train mode, which
     recomputes activations in the backward pass (and drops nothing here): the same values, and
     the model's mode is restored. With dropout in the model it stays in eval mode."""
-    from grpo_course.curriculum import drops_anything
+    from grpo_course.topics.curriculum import drops_anything
 
     batch = dict(prompt_ids=torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]]),
                  prompt_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]),
@@ -355,8 +355,8 @@ def test_fisher_agreement_ranks_and_top_overlap():
 
 
 def test_the_gold_continuation_is_what_the_start_leaves():
-    from grpo_course.curriculum import gold_continuation
-    from grpo_course.data import gold_start
+    from grpo_course.core.data import gold_start
+    from grpo_course.topics.curriculum import gold_continuation
     from tests.helpers import ROWS
     solution = ROWS[4]["answer"]
     row = {"solution": solution, "lines_left": 2}
@@ -369,8 +369,8 @@ def test_the_gold_continuation_is_what_the_start_leaves():
 def test_gold_log_likelihood_is_per_problem_and_paired():
     import datasets
 
-    from grpo_course.curriculum import gold_log_likelihood, likelihood_change
-    from grpo_course.data import gold_starts
+    from grpo_course.core.data import gold_starts
+    from grpo_course.topics.curriculum import gold_log_likelihood, likelihood_change
     from tests.helpers import ADDITION_ROWS, tiny_model, tiny_tokenizer
     rows = gold_starts(datasets.Dataset.from_list(ADDITION_ROWS), 1)
     model, tok = tiny_model(), tiny_tokenizer()

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from grpo_course.answers import extract_hash_answer, normalize_number
-from grpo_course.data import (
+from grpo_course.core.answers import extract_hash_answer, normalize_number
+from grpo_course.core.data import (
     DataError,
     count_steps,
     difficulty,
@@ -117,7 +117,7 @@ def test_real_gsm8k_parses(real_gsm8k_dir):
 
 
 def test_strip_calculations():
-    from grpo_course.data import strip_calculations
+    from grpo_course.core.data import strip_calculations
     assert strip_calculations(ROWS[0]["answer"]) == "Tom has 3 + 4 = 7 apples.\n#### 7"
 
 
@@ -128,7 +128,7 @@ def _rows(raw=ROWS):
 
 
 def test_work_lines_drop_annotations_and_the_answer_line():
-    from grpo_course.data import work_lines
+    from grpo_course.core.data import work_lines
     assert work_lines(ROWS[4]["answer"]) == ["First 2 * 3 = 6 km.", "Then 4 * 2 = 8 km.", "Then 1 km.",
                                              "In total 6 + 8 = 14.", "And 14 + 1 = 15 km."]
     assert work_lines("#### 3") == [] and work_lines("") == []
@@ -142,25 +142,25 @@ def test_work_lines_drop_annotations_and_the_answer_line():
     (None, ""),
 ])
 def test_gold_start_leaves_the_last_lines(lines_left, expected):
-    from grpo_course.data import gold_start
+    from grpo_course.core.data import gold_start
     assert gold_start(ROWS[4]["answer"], lines_left) == expected
 
 
 def test_gold_start_of_a_one_line_solution():
-    from grpo_course.data import gold_start
+    from grpo_course.core.data import gold_start
     one = ROWS[0]["answer"]
     assert gold_start(one, 1) == "" and gold_start(one, 2) is None and gold_start(one, None) == ""
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
 def test_gold_start_rejects_a_bad_lines_left(bad):
-    from grpo_course.data import gold_start
+    from grpo_course.core.data import gold_start
     with pytest.raises(DataError, match="lines_left must be a whole number >= 1"):
         gold_start(ROWS[4]["answer"], bad)
 
 
 def test_gold_starts_add_columns_and_skip_short_solutions():
-    from grpo_course.data import gold_starts
+    from grpo_course.core.data import gold_starts
     rows = _rows()
     two = gold_starts(rows, 2)
     assert list(two["idx"]) == [2, 4]                    # the two solutions with >= 2 work lines
@@ -174,7 +174,7 @@ def test_gold_starts_add_columns_and_skip_short_solutions():
 
 
 def test_gold_starts_by_stratum():
-    from grpo_course.data import gold_starts
+    from grpo_course.core.data import gold_starts
     rows = _rows()
     basic = gold_starts(rows, 1, strata=["basic"])
     assert set(basic["difficulty"]) == {"basic"} and len(basic) == 5
@@ -183,7 +183,7 @@ def test_gold_starts_by_stratum():
 
 
 def test_start_prompt_continues_the_answer():
-    from grpo_course.data import chat_prompt, gold_starts, start_prompt, start_prompts
+    from grpo_course.core.data import chat_prompt, gold_starts, start_prompt, start_prompts
     from tests.helpers import tiny_tokenizer
     tok = tiny_tokenizer()
     row = gold_starts(_rows(), 1)[4]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_course.errors import CourseError, RewardError
+from grpo_course.infra.errors import CourseError, RewardError
 from tests.helpers import ROWS, tiny_model, tiny_tokenizer, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,10 +81,10 @@ def tiny_folders(tmp_path):
 
 def test_one_base_class_for_the_package_errors():
     from grpo_course.config import ConfigError
-    from grpo_course.curriculum import CurriculumError
-    from grpo_course.data import DataError
-    from grpo_course.models import ModelError
-    from grpo_course.quantize import QuantizeError
+    from grpo_course.core.data import DataError
+    from grpo_course.core.loading import ModelError
+    from grpo_course.topics.curriculum import CurriculumError
+    from grpo_course.topics.quantize import QuantizeError
     for error in (ConfigError, CurriculumError, DataError, ModelError, QuantizeError, RewardError):
         assert issubclass(error, CourseError)
     assert issubclass(ConfigError, ValueError) and issubclass(ModelError, RuntimeError)
@@ -107,7 +107,7 @@ EVAL = ["--n", "2", "--max-new-tokens", "2", "--json"]
     (["--frobnicate"], ["--frobnicate"]),
 ])
 def test_evaluate_bad_options(args, values, tmp_path, capsys, monkeypatch):
-    from grpo_course import evaluate
+    from grpo_course.measure import evaluate
     monkeypatch.setattr(evaluate, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
     fill = lambda s: s.replace("{tmp}", str(tmp_path))
     with pytest.raises(SystemExit) as exit_:
@@ -124,7 +124,7 @@ def test_evaluate_bad_options(args, values, tmp_path, capsys, monkeypatch):
     ("missing", [], ["missing", "does not exist"]),
 ])
 def test_evaluate_bad_data(folder, args, values, folders, tmp_path, capsys, monkeypatch):
-    from grpo_course import evaluate
+    from grpo_course.measure import evaluate
     monkeypatch.setattr(evaluate, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
     data = folders.get(folder, tmp_path / folder)
     assert evaluate.main([*EVAL, "--data-dir", str(data), *args]) == 2
@@ -132,7 +132,7 @@ def test_evaluate_bad_data(folder, args, values, folders, tmp_path, capsys, monk
 
 
 def test_a_test_file_that_is_a_folder(folders, capsys):
-    from grpo_course import evaluate
+    from grpo_course.measure import evaluate
     (folders["empty"] / "test.jsonl").unlink()
     (folders["empty"] / "test.jsonl").mkdir()
     assert evaluate.main([*EVAL, "--data-dir", str(folders["empty"])]) == 2
@@ -144,7 +144,7 @@ def test_a_test_file_that_is_a_folder(folders, capsys):
     ("cut_model", ["cut_model", "not a loadable model folder"]),
 ])
 def test_evaluate_corrupt_model_files(which, values, tiny_folders, folders, capsys):
-    from grpo_course import evaluate
+    from grpo_course.measure import evaluate
     assert evaluate.main([*EVAL, "--data-dir", str(folders["good"]),
                           "--model", str(tiny_folders[which])]) == 2
     one_line(capsys, str(tiny_folders[which]), *values[1:])
@@ -154,7 +154,7 @@ def test_evaluate_corrupt_model_files(which, values, tiny_folders, folders, caps
 @pytest.fixture
 def train_main(folders, tmp_path, monkeypatch):
     """``train.main`` on the good rows, with the tiny model for any model name."""
-    from grpo_course import train
+    from grpo_course.core import train
     monkeypatch.setenv("GSM8K_DIR", str(folders["good"]))
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(train, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
@@ -201,7 +201,7 @@ def test_train_bad_data(folder, values, train_main, folders, tmp_path, capsys, m
 
 
 def test_train_corrupt_adapter_as_model(tiny_folders, folders, tmp_path, capsys, monkeypatch):
-    from grpo_course import train
+    from grpo_course.core import train
     monkeypatch.setenv("GSM8K_DIR", str(folders["good"]))
     assert train.main([*SMOKE, "--model", str(tiny_folders["adapter"]),
                        "--out", str(tmp_path / "run")]) == 2
@@ -237,7 +237,7 @@ def test_train_corrupt_checkpoint(train_main, tmp_path, capsys):
 
 def test_train_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(train_main, tmp_path, capsys,
                                                                monkeypatch):
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.train import CourseTrainer
 
     def interrupt(self, rows=None):
         raise KeyboardInterrupt
@@ -252,7 +252,7 @@ def test_train_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(train_main, tmp_
 
 def test_train_cli_in_a_subprocess_prints_one_line(tmp_path):
     (tmp_path / "afile").write_text("x")
-    proc = subprocess.run([sys.executable, "-m", "grpo_course.train", "--profile", "smoke",
+    proc = subprocess.run([sys.executable, "-m", "grpo_course.core.train", "--profile", "smoke",
                            "--out", str(tmp_path / "afile")], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -262,7 +262,7 @@ def test_train_cli_in_a_subprocess_prints_one_line(tmp_path):
 
 # ---------------------------------------------------------------- rewards
 def test_reward_functions_returning_the_wrong_length_or_nan_are_named():
-    from grpo_course.rewards import checked_rewards
+    from grpo_course.core.rewards import checked_rewards
     assert checked_rewards("ok", [1, 0.5], 2).tolist() == [1.0, 0.5]
     with pytest.raises(RewardError, match=r"'short' returned 1 rewards for 2 completions"):
         checked_rewards("short", [1.0], 2)
@@ -278,13 +278,13 @@ def test_reward_functions_returning_the_wrong_length_or_nan_are_named():
 ])
 def test_train_names_the_broken_reward_function(reward, values, folders, tmp_path, capsys,
                                                  monkeypatch):
-    from grpo_course import rewards, train
+    from grpo_course.core import rewards, train
     monkeypatch.setenv("GSM8K_DIR", str(folders["good"]))
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
     fine = lambda completions, **kw: [0.0] * len(completions)
     monkeypatch.setattr(rewards, "default_rewards", lambda weights: {n: fine for n in weights}
                         | {"broken": reward})
-    monkeypatch.setattr("grpo_course.train.load_model",
+    monkeypatch.setattr("grpo_course.core.train.load_model",
                         lambda name: (tiny_model(), tiny_tokenizer()))
     assert train.main([*SMOKE, "--max_completion_length", "4", "--out",
                        str(tmp_path / "run")]) == 2
@@ -301,7 +301,7 @@ def test_train_names_the_broken_reward_function(reward, values, folders, tmp_pat
     (b'["hi"]', ["--repeats", "x"], ["--repeats", "'x'"]),
 ])
 def test_quantize_bad_input(prompts, args, values, tmp_path, capsys):
-    from grpo_course import quantize
+    from grpo_course.topics import quantize
     path = tmp_path / ("nope.json" if prompts is None else "prompts.json")
     if prompts is not None:
         path.write_bytes(prompts)
@@ -315,7 +315,7 @@ def test_quantize_bad_input(prompts, args, values, tmp_path, capsys):
 
 
 def test_quantize_corrupt_variant_description(tmp_path, capsys):
-    from grpo_course import quantize
+    from grpo_course.topics import quantize
     (tmp_path / quantize.INFO_FILE).write_text("{not json")
     (tmp_path / "prompts.json").write_text('["hi"]')
     assert quantize.main(["--folder", str(tmp_path), "--prompts",
@@ -367,7 +367,7 @@ def test_bench_bad_run_folders(script, args, values, tmp_path, capsys):
 
 def test_learning_curve_refuses_validation_rows_the_run_trains_on(tmp_path, capsys):
     from grpo_course.config import GRPOConfig
-    from grpo_course.runs import save_run_config
+    from grpo_course.core.runs import save_run_config
     save_run_config(tmp_path, GRPOConfig(train_offset=100))
     assert _bench("learning_curve").main(["--run", str(tmp_path), "--val_n", "256"]) == 2
     one_line(capsys, "--val_n 256", "train rows from 100 on", "overlap")
@@ -387,7 +387,7 @@ def test_throughput_train_micro_batch_sets_the_course_trainers_passes():
     ([], {"GRPO_COURSE_PROFILE": "huge"}, "unknown profile"),
 ])
 def test_train_cli_answers_bad_options_in_one_line(tmp_path, capsys, monkeypatch, args, env, match):
-    from grpo_course.train import main
+    from grpo_course.core.train import main
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert main(["--out", str(tmp_path / "run"), *args]) == 2
@@ -396,7 +396,7 @@ def test_train_cli_answers_bad_options_in_one_line(tmp_path, capsys, monkeypatch
 
 
 def test_train_cli_rejects_a_file_as_out(tmp_path, capsys):
-    from grpo_course.train import main
+    from grpo_course.core.train import main
     (tmp_path / "f").write_text("x")
     assert main(["--profile", "smoke", "--out", str(tmp_path / "f")]) == 2
     assert "is a file" in capsys.readouterr().err

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_course.answers import answers_match
-from grpo_course.evaluate import EvalResult, main
-from grpo_course.stats import wilson_interval
+from grpo_course.core.answers import answers_match
+from grpo_course.measure.evaluate import EvalResult, main
+from grpo_course.measure.stats import wilson_interval
 
 
 def test_answers_match():
@@ -49,7 +49,7 @@ def test_cli_refuses_zero_problems(tmp_path, capsys):
 @pytest.mark.slow
 def test_cli_json_on_a_few_problems(gsm8k_dir, tmp_path):
     csv_path = tmp_path / "records.csv"
-    out = subprocess.run([sys.executable, "-m", "grpo_course.evaluate", "--data-dir", str(gsm8k_dir),
+    out = subprocess.run([sys.executable, "-m", "grpo_course.measure.evaluate", "--data-dir", str(gsm8k_dir),
                           "--n", "3", "--offset", "1", "--max-new-tokens", "24", "--json",
                           "--csv", str(csv_path), "--compare", "smollm2-135m-instruct"],
                          capture_output=True, text=True, timeout=600, check=True)
@@ -75,14 +75,14 @@ def test_cli_json_on_a_few_problems(gsm8k_dir, tmp_path):
     ("2 + 2 = 4 but no final line", None),
 ])
 def test_work_consistency(completion, expected):
-    from grpo_course.evaluate import work_consistent
+    from grpo_course.measure.evaluate import work_consistent
     assert work_consistent(completion) is expected
 
 
 
 
 def test_compare_requires_same_problems():
-    from grpo_course.evaluate import compare
+    from grpo_course.measure.evaluate import compare
     rec = lambda i, ok: {"idx": i, "correct": ok, "formatted": ok, "completion_tokens": 1}
     a = EvalResult(n=2, correct=1, formatted=1, records=[rec(0, True), rec(1, False)])
     b = EvalResult(n=2, correct=2, formatted=2, records=[rec(0, True), rec(1, True)])
@@ -97,8 +97,9 @@ def test_eval_cache_reuses_identical_runs_only(gsm8k_dir, tmp_path, monkeypatch)
     """Greedy records are reused for the same weights, prompts and settings, recomputed otherwise."""
     import torch
 
-    from grpo_course.data import load_gsm8k
-    from grpo_course.evaluate import evaluate_model, weights_fingerprint
+    from grpo_course.core.data import load_gsm8k
+    from grpo_course.infra.fingerprint import weights_fingerprint
+    from grpo_course.measure.evaluate import evaluate_model
     from tests.helpers import tiny_model, tiny_tokenizer
 
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
@@ -123,9 +124,9 @@ def test_eval_cache_reuses_identical_runs_only(gsm8k_dir, tmp_path, monkeypatch)
 def test_evaluate_model_fast_false_decodes_on_transformers(gsm8k_dir, tmp_path, monkeypatch):
     """``fast=False`` (chapter 6's control) decodes with transformers, never the compact
     decoder, and is cached apart from the default run; in fp32 both write the same greedy text."""
-    from grpo_course import sampling
-    from grpo_course.data import load_gsm8k
-    from grpo_course.evaluate import evaluate_model
+    from grpo_course.core import sampling
+    from grpo_course.core.data import load_gsm8k
+    from grpo_course.measure.evaluate import evaluate_model
     from tests.helpers import tiny_model, tiny_tokenizer
 
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
@@ -145,7 +146,7 @@ def test_evaluate_model_fast_false_decodes_on_transformers(gsm8k_dir, tmp_path, 
 
 
 def test_attribution_table_rows():
-    from grpo_course.evaluate import attribution_table
+    from grpo_course.measure.evaluate import attribution_table
     rec = lambda ok, fmt, d, t: {"difficulty": d, "correct": ok, "formatted": fmt,
                                  "completion_tokens": t, "consistent": ok}
     a = EvalResult.from_records([rec(False, False, "basic", 200), rec(True, True, "advanced", 50)])
@@ -165,7 +166,7 @@ def _paired(a_right: list[bool], b_right: list[bool]):
 
 
 def test_paired_verdict_computes_overlap_and_the_test():
-    from grpo_course.evaluate import paired_verdict
+    from grpo_course.measure.evaluate import paired_verdict
     # 12 problems only B solved, none only A: p = 2 / 2^12 < 0.05
     a, b = _paired([False] * 40, [True] * 12 + [False] * 28)
     text = paired_verdict(a, b, "fp32", "int8")
@@ -179,8 +180,8 @@ def test_paired_verdict_computes_overlap_and_the_test():
 
 def test_answers_side_by_side_switches_adapters_and_restores_them():
     from grpo_course.config import GRPOConfig
-    from grpo_course.evaluate import answers_side_by_side
-    from grpo_course.modeling import adapter_state, add_lora
+    from grpo_course.core.policy import adapter_state, add_lora
+    from grpo_course.measure.evaluate import answers_side_by_side
     from tests.helpers import tiny_model, tiny_tokenizer
 
     torch.manual_seed(0)
@@ -205,8 +206,8 @@ def test_answers_side_by_side_switches_adapters_and_restores_them():
 def test_eval_blocks_make_a_prefix_reuse_the_cache_of_a_longer_run(gsm8k_dir, tmp_path, monkeypatch):
     """Rows are decoded in blocks of EVAL_BLOCK: the first block's records do not depend on the rows
     after it, so an evaluation of a prefix reuses the cached blocks of a longer one."""
-    from grpo_course import evaluate as ev
-    from grpo_course.data import load_gsm8k
+    from grpo_course.core.data import load_gsm8k
+    from grpo_course.measure import evaluate as ev
     from tests.helpers import tiny_model, tiny_tokenizer
 
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
@@ -234,9 +235,9 @@ def _tiny_rows():
 
 
 def test_sampled_rewards_are_each_problems_mean_of_k_weighted_samples():
-    from grpo_course.data import chat_prompt
-    from grpo_course.evaluate import sampled_rewards
-    from grpo_course.sampling import sample_completions
+    from grpo_course.core.data import chat_prompt
+    from grpo_course.core.sampling import sample_completions
+    from grpo_course.measure.evaluate import sampled_rewards
     from tests.helpers import tiny_model, tiny_tokenizer
 
     model, tok, rows = tiny_model(), tiny_tokenizer(), _tiny_rows()
@@ -271,7 +272,7 @@ def test_sampled_rewards_are_each_problems_mean_of_k_weighted_samples():
 
 
 def test_sampled_rewards_with_the_course_rewards_and_pass_at_k():
-    from grpo_course.evaluate import pass_at_k, sampled_rewards
+    from grpo_course.measure.evaluate import pass_at_k, sampled_rewards
     from tests.helpers import tiny_model, tiny_tokenizer
 
     model, tok, rows = tiny_model(), tiny_tokenizer(), _tiny_rows()
@@ -279,7 +280,7 @@ def test_sampled_rewards_with_the_course_rewards_and_pass_at_k():
                           reward_weights={"correctness": 1.0, "exact_format": 0.5},
                           sampling_dtype=None, progress=False)
     # a random tiny model never writes "#### <gold>": wrong and unformatted on every sample
-    from grpo_course.rewards import correctness, exact_format
+    from grpo_course.core.rewards import correctness, exact_format
     floor = correctness(["x"], answer=["4"])[0] + 0.5 * exact_format(["x"])[0]
     assert res["per_prompt"] == pytest.approx([floor] * 3)
     assert res["per_function"] == {"correctness": pytest.approx([correctness(["x"], answer=["4"])[0]] * 3),
@@ -290,7 +291,7 @@ def test_sampled_rewards_with_the_course_rewards_and_pass_at_k():
 
 
 def test_pass_at_k_curve_from_counts():
-    from grpo_course.evaluate import pass_at_k_curve
+    from grpo_course.measure.evaluate import pass_at_k_curve
     curve = pass_at_k_curve([0, 0, 4, 16], 16, ks=(1, 8, 32), group_size=8)
     assert set(curve["pass_at_k"]) == {"1", "8"}                       # k past the samples: left out
     assert curve["pass_at_k"]["1"]["mean"] == pytest.approx((4 / 16 + 1) / 4)
@@ -341,7 +342,7 @@ def test_cli_rejects_bad_samples_in_one_line(argv, message, capsys):
 
 
 def test_sampled_result_and_the_paired_difference():
-    from grpo_course.evaluate import SampledResult, compare_sampled
+    from grpo_course.measure.evaluate import SampledResult, compare_sampled
     a = SampledResult(4, [{"idx": i, "right": r, "formatted": 4} for i, r in enumerate([0, 1, 2, 0])])
     b = SampledResult(4, [{"idx": i, "right": r, "formatted": 3} for i, r in enumerate([1, 1, 4, 0])])
     s = b.summary()
@@ -356,7 +357,8 @@ def test_sampled_result_and_the_paired_difference():
 
 
 def test_sampled_records_count_right_and_formatted_answers(monkeypatch):
-    from grpo_course import evaluate as ev
+    from grpo_course.core import pool
+    from grpo_course.measure import evaluate as ev
     rows = [{"idx": 7, "difficulty": "basic", "answer": "5"},
             {"idx": 8, "difficulty": "advanced", "answer": "2,000"}]
     texts = ["so #### 5", "#### 6", "no answer", "#### 5.0", "#### 2000", "x", "#### 1", "y"]
@@ -365,18 +367,18 @@ def test_sampled_records_count_right_and_formatted_answers(monkeypatch):
     logps = (-0.5 * torch.tensor([[1, 1, 0, 9, 9]] * 4 + [[1, 0, 0, 9, 9]] * 4))[:, :3]
     assert not mask.is_contiguous()
     batch = SimpleNamespace(completions=texts, completion_mask=mask, sampling_logps=logps)
-    monkeypatch.setattr(ev, "_sampled_blocks", lambda *a, **k: iter([(rows, batch)]))
-    records = ev.sampled_records(None, None, rows, 4, 64)
+    monkeypatch.setattr(pool, "sampled_blocks", lambda *a, **k: iter([(rows, batch)]))
+    records = pool.sampled_records(None, None, rows, 4, 64)
     assert records == [{"idx": 7, "difficulty": "basic", "right": 2, "formatted": 3, "nll": 4.0, "tokens": 8},
                        {"idx": 8, "difficulty": "advanced", "right": 1, "formatted": 2, "nll": 2.0,
                         "tokens": 4}]
     assert ev.SampledResult(4, records).summary()["entropy"] == pytest.approx(0.5)
-    assert ev.correct_counts(None, None, rows, 4, 64) == [2, 1]
+    assert pool.correct_counts(None, None, rows, 4, 64) == [2, 1]
 
 
 @pytest.mark.slow
 def test_cli_samples_compare_a_model_with_itself(gsm8k_dir):
-    out = subprocess.run([sys.executable, "-m", "grpo_course.evaluate", "--data-dir", str(gsm8k_dir),
+    out = subprocess.run([sys.executable, "-m", "grpo_course.measure.evaluate", "--data-dir", str(gsm8k_dir),
                           "--n", "2", "--lines-left", "1", "--samples", "2", "--json",
                           "--compare", "smollm2-135m-instruct"],
                          capture_output=True, text=True, timeout=600, check=True)

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from grpo_course import exercises as ex
-from grpo_course.answers import extract_hash_answer
-from grpo_course.curriculum import ewc_penalty
-from grpo_course.grpo import group_advantages, zero_std_groups
+from grpo_course.book import exercises as ex
+from grpo_course.core.answers import extract_hash_answer
+from grpo_course.core.grpo import group_advantages, zero_std_groups
+from grpo_course.topics.curriculum import ewc_penalty
 
 
 def stub(*args, **kwargs):
@@ -38,8 +38,8 @@ def test_check_reports_pass_fail_and_not_yet(capsys):
 
 
 def test_a_wrapper_around_the_reference_fails_by_any_name(capsys):
-    import grpo_course.grpo as grpo
-    from grpo_course.grpo import group_advantages as imported_name
+    import grpo_course.core.grpo as grpo
+    from grpo_course.core.grpo import group_advantages as imported_name
     for wrapper in (lambda r, G: group_advantages(r, G), lambda r, G: grpo.group_advantages(r, G),
                     lambda r, G: imported_name(r, G, scale="group")):
         assert ex.check(wrapper, group_advantages, ex.reward_group_cases()) is False
@@ -96,9 +96,9 @@ def test_every_exercise_reference_is_consistent_with_the_course():
 def test_second_exercises_pass_a_written_out_solution_and_cover_their_edges():
     from decimal import Decimal, InvalidOperation
 
-    from grpo_course.answers import normalize_number
-    from grpo_course.grpo import aggregate_loss
-    from grpo_course.rewards import correctness
+    from grpo_course.core.answers import normalize_number
+    from grpo_course.core.grpo import aggregate_loss
+    from grpo_course.core.rewards import correctness
 
     def my_normalize(text):                                   # chapter 1
         s = (text or "").strip().replace(",", "").replace("$", "").replace("%", "")
@@ -144,8 +144,8 @@ def test_second_exercises_pass_a_written_out_solution_and_cover_their_edges():
     assert ex.check(my_intensity, ex.matmul_intensity, ex.matmul_cases()) is True
 
     # chapters 2 and 4 need the answer slot; the course's extractor is not what they test
-    from grpo_course.answers import extract_hash_answer
-    from grpo_course.rewards import completion_text
+    from grpo_course.core.answers import extract_hash_answer
+    from grpo_course.core.rewards import completion_text
 
     def my_correctness(completions, answer, **kwargs):        # chapter 2
         out = []
@@ -158,7 +158,7 @@ def test_second_exercises_pass_a_written_out_solution_and_cover_their_edges():
             out.append(3.0 if float(guess) == float(gold) else 1.5 if 0.9 <= ratio <= 1.1
                        else 0.5 if 0.8 <= ratio <= 1.2 else -0.5)
         return out
-    from grpo_course.rewards import answer_tier
+    from grpo_course.core.rewards import answer_tier
     allowed = [extract_hash_answer, completion_text]
     assert ex.check(my_correctness, correctness, ex.tiered_completion_cases(),
                     hide=[answer_tier], allow=allowed) is True
@@ -184,27 +184,27 @@ def test_fake_quant_is_the_quantize_dequantize_round_trip():
 
 # ------------------------------------------------ routes a level down (issue 56)
 def test_calling_into_the_package_a_level_down_fails(capsys):
-    from grpo_course.answers import extract_answer, normalize_number
-    from grpo_course.grpo import group_advantages
-    from grpo_course.profiling import Limits, RooflinePoint
+    from grpo_course.core.answers import extract_answer, normalize_number
+    from grpo_course.core.grpo import group_advantages
+    from grpo_course.measure.profiling import Limits, RooflinePoint
 
     # chapter 1, exercise 1: the reference is switched off, the function it calls is not
     assert ex.check(lambda text: extract_answer(text), extract_hash_answer, ex.answer_cases(),
                     name="final_answer", allow=[normalize_number]) is False
     out = capsys.readouterr().out
-    assert "calls `grpo_course.answers.extract_answer`, from the course's package" in out
+    assert "calls `grpo_course.core.answers.extract_answer`, from the course's package" in out
     assert out.count("\n") == 1
     # chapter 4, exercise 1: tied groups are the groups whose advantages are all 0
     def via_advantages(r, G):
         return float((group_advantages(r, G).view(-1, G) == 0).all(1).float().mean()) if r.numel() else 0.0
     assert ex.check(via_advantages, ex.frac_reward_zero_std, ex.reward_group_cases(),
                     hide=[zero_std_groups]) is False
-    assert "calls `grpo_course.grpo.group_advantages`" in capsys.readouterr().out
+    assert "calls `grpo_course.core.grpo.group_advantages`" in capsys.readouterr().out
     # chapter 7, exercise 1: the course's roofline class
     def via_roofline(i, p, b):
         return RooflinePoint("x", flops=i, bytes=1.0, seconds=1e-9).bound(Limits(gflops=p, bandwidth=b))
     assert ex.check(via_roofline, ex.roofline_bound, ex.roofline_cases()) is False
-    assert "calls `grpo_course.profiling." in capsys.readouterr().out
+    assert "calls `grpo_course.measure.profiling." in capsys.readouterr().out
 
 
 def test_a_forbidden_library_function_fails_by_name(capsys):
@@ -234,7 +234,7 @@ def test_a_forbidden_library_function_fails_by_name(capsys):
 def test_a_caught_error_does_not_hide_the_call_and_the_profiler_is_put_back(capsys):
     import sys
 
-    from grpo_course.grpo import group_advantages
+    from grpo_course.core.grpo import group_advantages
 
     def swallows(r, G):
         try:
@@ -259,7 +259,7 @@ def test_a_caught_error_does_not_hide_the_call_and_the_profiler_is_put_back(caps
 def test_switching_the_tracing_off_fails(capsys):
     import sys
 
-    from grpo_course.grpo import group_advantages
+    from grpo_course.core.grpo import group_advantages
 
     def unwatched(r, G):                               # then a level down, unseen
         sys.setprofile(None)
@@ -270,13 +270,13 @@ def test_switching_the_tracing_off_fails(capsys):
 
 
 def test_allowed_functions_may_call_into_the_package(capsys):
-    from grpo_course.answers import normalize_number
+    from grpo_course.core.answers import normalize_number
 
     def final_answer(text):                             # chapter 1's solution
         answers = [line.split("####", 1)[1] for line in (text or "").splitlines() if "####" in line]
         return normalize_number(answers[-1]) if answers else None
     assert ex.check(final_answer, extract_hash_answer, ex.answer_cases()) is False
-    assert "calls `grpo_course.answers.normalize_number`" in capsys.readouterr().out
+    assert "calls `grpo_course.core.answers.normalize_number`" in capsys.readouterr().out
     assert ex.check(final_answer, extract_hash_answer, ex.answer_cases(), allow=[normalize_number]) is True
 
 
@@ -309,7 +309,7 @@ def test_difference_names_the_shape_the_list_index_and_the_dict_key():
 
 
 def test_yours_or_course_picks_a_function_only_after_its_check_passed(capsys):
-    from grpo_course import exercises
+    from grpo_course.book import exercises
 
     def my_part(logits, ids, mask, temperature):
         logps = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -335,7 +335,8 @@ def test_yours_or_course_picks_a_function_only_after_its_check_passed(capsys):
 
 
 def test_the_loop_parts_references_match_the_package():
-    from grpo_course import exercises, grpo
+    from grpo_course.book import exercises
+    from grpo_course.core import grpo
 
     for (logps, old, adv, lo, hi), _ in exercises.surrogate_cases():
         loss, ratio = grpo.clipped_surrogate(logps, old, adv, lo, hi)
@@ -351,7 +352,7 @@ def test_a_python_library_function_named_in_forbid_fails(capsys):
     per-token log-probabilities through TRL's selective_log_softmax."""
     from trl.trainer.utils import selective_log_softmax
 
-    from grpo_course import exercises
+    from grpo_course.book import exercises
 
     def my_token_logps(logits, ids, mask, temperature):
         return selective_log_softmax(logits.float() / temperature, ids) * mask

@@ -1,4 +1,4 @@
-"""Caches keyed by the code that made them (grpo_course.fingerprint): editing the warm-up's or
+"""Caches keyed by the code that made them (grpo_course.infra.fingerprint): editing the warm-up's or
 the sampler's source starts a new warm start or evaluation instead of reusing a stale one, and
 an unreadable cached evaluation is decoded again."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from grpo_course import fingerprint
 from grpo_course.config import GRPOConfig
+from grpo_course.infra import fingerprint
 
 
 def edited(module_name: str, tmp_path, monkeypatch) -> None:
@@ -65,36 +65,36 @@ def test_a_key_follows_the_imports_so_a_new_import_cannot_escape_it(tmp_path, mo
 def test_the_course_keys_cover_what_their_producers_import():
     """Before: the evaluation key named its modules by hand and left out models (which loads the
     weights it decodes) and train (which it imported then)."""
-    evaluation = fingerprint.package_imports("grpo_course.evaluate")
-    assert {"grpo_course.models", "grpo_course.sampling", "grpo_course.answers",
-            "grpo_course.rewards", "grpo_course.data"} <= set(evaluation)
-    assert {"grpo_course.train", "grpo_course.sampling", "grpo_course.rewards",
-            "grpo_course.precision"} <= set(fingerprint.package_imports("grpo_course.warmstart"))
+    evaluation = fingerprint.package_imports("grpo_course.measure.evaluate")
+    assert {"grpo_course.core.loading", "grpo_course.core.sampling", "grpo_course.core.answers",
+            "grpo_course.core.rewards", "grpo_course.core.data"} <= set(evaluation)
+    assert {"grpo_course.core.train", "grpo_course.core.sampling", "grpo_course.core.rewards",
+            "grpo_course.core.precision"} <= set(fingerprint.package_imports("grpo_course.core.warmstart"))
 
 
 def test_code_fingerprint_names_version_source_and_libraries():
-    key = fingerprint.code_fingerprint("grpo_course.train")
+    key = fingerprint.code_fingerprint("grpo_course.core.train")
     assert key["package"] and len(key["source"]) == 20
     assert set(key["libraries"]) == {"torch", "transformers", "peft", "trl"}
     assert key["libraries"]["torch"].startswith("2.")
-    assert fingerprint.source_hash("grpo_course.train", "grpo_course.grpo") == \
-        fingerprint.source_hash("grpo_course.grpo", "grpo_course.train")
+    assert fingerprint.source_hash("grpo_course.core.train", "grpo_course.core.grpo") == \
+        fingerprint.source_hash("grpo_course.core.grpo", "grpo_course.core.train")
 
 
 def test_changing_the_sft_code_changes_the_warm_start_key(course_rows, tmp_path, monkeypatch):
-    from grpo_course.warmstart import warm_start_key
+    from grpo_course.core.warmstart import warm_start_key
     cfg = GRPOConfig(sft_steps=2, sft_batch_size=1)
     before = warm_start_key(cfg, course_rows)
     assert warm_start_key(cfg, course_rows) == before
-    edited("grpo_course.sft", tmp_path, monkeypatch)             # the SFT loop lives there
+    edited("grpo_course.core.sft", tmp_path, monkeypatch)             # the SFT loop lives there
     assert warm_start_key(cfg, course_rows) != before
 
 
 @pytest.fixture
 def evaluate_tiny(gsm8k_dir, tmp_path, monkeypatch):
     """``run()``: a cached greedy evaluation of a tiny model on two rows, in a fresh cache."""
-    from grpo_course import evaluate as ev
-    from grpo_course.data import load_gsm8k
+    from grpo_course.core.data import load_gsm8k
+    from grpo_course.measure import evaluate as ev
     from tests.helpers import tiny_model, tiny_tokenizer
 
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
@@ -107,7 +107,7 @@ def evaluate_tiny(gsm8k_dir, tmp_path, monkeypatch):
 def test_changing_the_sampler_changes_the_evaluation_key(evaluate_tiny, tmp_path, monkeypatch):
     first = evaluate_tiny()
     assert not first.cached and evaluate_tiny().cached
-    edited("grpo_course.sampling", tmp_path, monkeypatch)
+    edited("grpo_course.core.sampling", tmp_path, monkeypatch)
     again = evaluate_tiny()
     assert not again.cached and again.records == first.records
     assert len(list((tmp_path / "cache" / "evals").glob("*.json"))) == 2

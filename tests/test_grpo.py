@@ -8,14 +8,8 @@ import pytest
 import torch
 
 from grpo_course.config import ConfigError, GRPOConfig
-from grpo_course.grpo import (
-    group_advantages,
-    grpo_loss,
-    kl_k3,
-    reinforce_loss,
-    zero_std_groups,
-)
-from grpo_course.modeling import per_token_logps
+from grpo_course.core.grpo import group_advantages, grpo_loss, kl_k3, reinforce_loss, zero_std_groups
+from grpo_course.core.policy import per_token_logps
 from tests.helpers import ADDITION_ROWS as ROWS
 from tests.helpers import length_reward, tiny_model, tiny_tokenizer
 from tests.helpers import tiny_trainer as _trainer
@@ -174,7 +168,7 @@ def test_per_token_logps_shared_prompt_equals_full_forward():
 
 def test_chunked_logps_give_the_full_logits_gradient(monkeypatch):
     """Logits made a few rows at a time (checkpointed) give the same values and gradients."""
-    import grpo_course.modeling as G_
+    import grpo_course.core.policy as G_
     model, tok = tiny_model(), tiny_tokenizer()
     enc = tok(["<s>what is 2+3?<s>", "<s>7*8<s>"], return_tensors="pt", padding=True)
     comp = torch.randint(4, 50, (4, 6), generator=torch.Generator().manual_seed(3))
@@ -198,7 +192,7 @@ def test_chunked_logps_give_the_full_logits_gradient(monkeypatch):
 def test_course_attention_gives_sdpas_logps_and_gradients(shared_prompt):
     """The written-out grouped-query attention of the training pass: the same log-probs and
     gradients as transformers' SDPA, with left padding, and with the prompt's cache shared."""
-    from grpo_course.modeling import course_attention
+    from grpo_course.core.policy import course_attention
     model, tok = tiny_model(), tiny_tokenizer()
     enc = tok(["<s>what is 2+3?<s>", "<s>7*8<s>"], return_tensors="pt", padding=True)
     assert (enc["attention_mask"] == 0).any()         # one prompt is left-padded
@@ -225,7 +219,7 @@ def test_course_attention_gives_sdpas_logps_and_gradients(shared_prompt):
 
 
 def test_sampling_logps_match_training_logps():
-    from grpo_course.sampling import sample_completions
+    from grpo_course.core.sampling import sample_completions
     model, tok = tiny_model(), tiny_tokenizer()
     s = sample_completions(model, tok, ["abc", "hello"], 2, 8, temperature=0.9, seed=0)
     logps = per_token_logps(model, s.prompt_ids, s.prompt_mask, s.completion_ids,
@@ -262,7 +256,7 @@ def test_trainer_logs_and_learns_something(tmp_path):
     assert any(p.abs().sum() > 0 for p in lora)          # B started at zero and moved
     import matplotlib
     matplotlib.use("Agg")
-    from grpo_course.plotting import plot_metrics, series
+    from grpo_course.book.plotting import plot_metrics, series
     assert series(logged, "reward")[0] == [0, 1]
     fig = plot_metrics(tmp_path, keys=("reward", "loss", "not_logged"))
     assert [ax.get_title() for ax in fig.axes if ax.axison] == ["reward", "loss"]
@@ -285,7 +279,7 @@ def test_resume_reproduces_the_run(tmp_path):
     first.save_checkpoint(tmp_path / "ckpt")
     import datasets
 
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.train import CourseTrainer
     resumed = CourseTrainer.resume(tmp_path / "ckpt", tiny_model(), tiny_tokenizer(),
                                    datasets.Dataset.from_list(ROWS),
                                    reward_funcs={"length": length_reward})
@@ -341,8 +335,8 @@ def test_sft_warmup_lowers_loss():
 
 
 def test_frozen_linear_weights_cast_once_and_restored_bit_for_bit():
-    from grpo_course.modeling import add_lora
-    from grpo_course.precision import frozen_linear_weights_as
+    from grpo_course.core.policy import add_lora
+    from grpo_course.core.precision import frozen_linear_weights_as
     model = add_lora(tiny_model(), GRPOConfig(lora_target_modules=("q_proj", "v_proj")))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     base_q = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
@@ -359,7 +353,7 @@ def test_frozen_linear_weights_cast_once_and_restored_bit_for_bit():
 @pytest.mark.parametrize("train_dtype", ["float32", "bfloat16"])
 def test_sft_trains_only_the_adapter_and_keeps_the_base(train_dtype):
     """The warm-up in bf16 leaves the base as it was: fp32 when the GRPO pass trains in fp32,
-    held in bf16 from the start when both train in bf16 (:mod:`grpo_course.precision`)."""
+    held in bf16 from the start when both train in bf16 (:mod:`grpo_course.core.precision`)."""
     trainer = _trainer(sft_steps=2, sft_batch_size=2, sft_learning_rate=5e-2, max_steps=0,
                        sft_dtype="bfloat16", train_dtype=train_dtype)
     base = {n: p.detach().clone() for n, p in trainer.model.named_parameters()
@@ -405,7 +399,7 @@ def test_impossible_configs(changes, match):
 def test_unknown_reward_name():
     import datasets
 
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.train import CourseTrainer
     with pytest.raises(ConfigError, match="unknown reward"):
         CourseTrainer(tiny_model(), tiny_tokenizer(), GRPOConfig(reward_weights={"nope": 1.0}),
                       datasets.Dataset.from_list(ROWS))
@@ -414,7 +408,7 @@ def test_unknown_reward_name():
 def test_zero_variance_batch_skips_backward_unless_asked():
     import datasets
 
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.train import CourseTrainer
     constant = {"const": lambda completions, **kw: [1.0] * len(completions)}
     cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=4,
                      lora_r=4, lora_alpha=8, reward_weights={"const": 1.0},
@@ -440,7 +434,7 @@ def test_dropping_zero_variance_groups_leaves_the_update_unchanged(loss_type):
     (and rescaling) gives the same loss and the same parameters after two steps."""
     import datasets
 
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.train import CourseTrainer
     half = {"half": lambda completions, **kw: [1.0, 1.0, 0.0, 1.0][:len(completions)]}
     cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=6,
                      lora_r=4, lora_alpha=8, reward_weights={"half": 1.0}, learning_rate=1e-2,
@@ -472,7 +466,7 @@ def test_micro_batches_take_the_same_update(loss_type):
     metrics and weights."""
     import datasets
 
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.train import CourseTrainer
     scores = {"s": lambda completions, **kw: [1.0, 1.0, 0.0, 1.0, 1.0, 0.0][:len(completions)]}
     data = datasets.Dataset.from_list(ROWS)
     runs = {}
@@ -524,7 +518,7 @@ def test_a_run_interrupted_during_sft_resumes_exactly(tmp_path, monkeypatch, cap
     moments), the random states of the last step boundary (LoRA dropout) and the counters."""
     import datasets
 
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.train import CourseTrainer
     changes = dict(sft_steps=4, sft_batch_size=2, sft_learning_rate=1e-2, lora_dropout=0.1)
     whole = _trainer(tmp_path / "whole", **changes)
     start = _trainable(whole)
@@ -565,7 +559,7 @@ def test_sft_checkpoint_without_the_sft_optimizer_would_differ(tmp_path, monkeyp
     (what checkpoints held before) ends with different weights."""
     import datasets
 
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.train import CourseTrainer
     changes = dict(sft_steps=4, sft_batch_size=2, sft_learning_rate=1e-2, lora_dropout=0.0)
     whole = _trainer(None, **changes)
     whole.sft()
@@ -582,7 +576,7 @@ def test_sft_checkpoint_without_the_sft_optimizer_would_differ(tmp_path, monkeyp
 
 
 def test_correct_completions_counts_only_the_exact_tier():
-    from grpo_course.rewards import CLOSE_REWARD, EXACT_REWARD, WRONG_REWARD, correct_completions
+    from grpo_course.core.rewards import CLOSE_REWARD, EXACT_REWARD, WRONG_REWARD, correct_completions
     scores = torch.tensor([EXACT_REWARD, CLOSE_REWARD, WRONG_REWARD, EXACT_REWARD, -1.0])
     assert correct_completions({"correctness": scores, "exact_format": torch.full((5,), 3.0)}) == 2
     assert correct_completions({"exact_format": torch.full((5,), 3.0)}) is None

@@ -4,8 +4,8 @@ import os
 import pytest
 import torch
 
-from grpo_course import hardware
-from grpo_course.sampling import resolve_sampling_dtype
+from grpo_course.core.sampling import resolve_sampling_dtype
+from grpo_course.infra import hardware
 
 
 @pytest.fixture

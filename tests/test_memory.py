@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_course import config, hardware, memory
+from grpo_course import config
+from grpo_course.infra import hardware, memory
 
 
 def test_cgroup_limit_reads_v2_and_v1_and_ignores_no_limit(tmp_path):
@@ -121,7 +122,7 @@ def _last_number(script: str, arg: str) -> float:
 
 FRAGMENTS = """
 import sys, psutil, torch
-from grpo_course.memory import return_freed_memory
+from grpo_course.infra.memory import return_freed_memory
 if sys.argv[1] == "fix":
     assert return_freed_memory()
 rss = lambda: psutil.Process().memory_info().rss
@@ -180,7 +181,7 @@ HOLES = """
 import os, sys
 os.environ["GRPO_COURSE_LOW_MEMORY"] = os.environ["GRPO_COURSE_GIVE_BACK_MEMORY"] = sys.argv[1]
 import torch
-from grpo_course.memory import trim_heap
+from grpo_course.infra.memory import trim_heap
 kept, freed = [], []
 for i in range(6000):                     # 64 KiB blocks: under the mmap threshold, from the heap
     (kept if i % 50 == 0 else freed).append(torch.ones(16 * 1024))

@@ -108,10 +108,10 @@ def test_no_reference_is_printed_above_its_exercise(ex):
 @pytest.mark.parametrize("ex", ALL, ids=IDS)
 def test_a_call_into_the_package_a_level_down_fails(ex):
     candidate = ast.unparse(_check_call(ex["check"]).args[0])
-    route = (f"def {candidate}(*a, **k):\n    from grpo_course.answers import answer_slot\n"
+    route = (f"def {candidate}(*a, **k):\n    from grpo_course.core.answers import answer_slot\n"
              f"    answer_slot('#### 1')\n    raise ValueError('after the call')\n")
     out = _run(ex["stub"], route, ex["check"])
-    assert "calls `grpo_course.answers.answer_slot`, from the course's package" in out, out
+    assert "calls `grpo_course.core.answers.answer_slot`, from the course's package" in out, out
 
 
 def test_chapter_6_checks_fail_torch_quantizing_for_you():

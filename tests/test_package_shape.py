@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_course import fingerprint
+from grpo_course.infra import fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "grpo_course"
@@ -81,8 +81,8 @@ def borrowed_imports(tree: ast.Module, attributes: bool, package: str = "grpo_co
             for alias in node.names:
                 if alias.name not in defined_names(module):
                     found.append(f"from {module} import {alias.name}")
-                elif module == "grpo_course":
-                    aliases[alias.asname or alias.name] = f"grpo_course.{alias.name}"
+                elif (ROOT / Path(*module.split(".")) / f"{alias.name}.py").is_file():   # a module
+                    aliases[alias.asname or alias.name] = f"{module}.{alias.name}"
         elif isinstance(node, ast.Import):
             aliases.update({a.asname: a.name for a in node.names
                             if a.asname and a.name.startswith("grpo_course.")})
@@ -103,15 +103,57 @@ def test_every_name_is_imported_from_its_home():
 
 
 def test_the_check_finds_a_borrowed_name():
-    tree = ast.parse("from grpo_course import quantize as Q\nfrom grpo_course.evaluate import "
+    tree = ast.parse("from grpo_course.topics import quantize as Q\nfrom grpo_course.measure.evaluate import "
                      "wilson_interval\nQ.torch\nQ.quantize\n")
     assert borrowed_imports(tree, attributes=True) == [
-        "from grpo_course.evaluate import wilson_interval", "grpo_course.quantize.torch"]
+        "from grpo_course.measure.evaluate import wilson_interval", "grpo_course.topics.quantize.torch"]
+
+
+def package_modules() -> list[str]:
+    """Every module of the package, its layers' ``__init__`` files left out."""
+    return sorted(module_name(p) for p in PACKAGE.rglob("*.py") if p.stem != "__init__")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (anywhere in its source), packages left out."""
+    modules = package_modules()
+    return {m: {n for n in fingerprint._direct_imports(m, "grpo_course") if n in modules} for m in modules}
+
+
+#: what each layer may import from: its own layer and those before it (config and infra read each other)
+LAYERS = {"infra": {"infra", "config"}, "config": {"infra", "config"},
+          "core": {"infra", "config", "core"}, "measure": {"infra", "config", "core", "measure"},
+          "topics": {"infra", "config", "core", "measure", "topics"},
+          "book": {"infra", "config", "core", "measure", "topics", "book"}}
+
+
+def layer(module: str) -> str:
+    return module.split(".")[1]
+
+
+def test_every_module_sits_in_a_layer_and_imports_only_the_layers_below_it():
+    """Issue 66: 38 modules sat side by side; the layout did not show the algorithm, the
+    measurement, the chapters' topics and the book's tooling apart."""
+    assert {layer(m) for m in package_modules()} <= set(LAYERS)
+    assert [m for m in package_modules() if m.count(".") == 1] == ["grpo_course.config"]
+    upward = {m: sorted(n for n in deps if layer(n) not in LAYERS[layer(m)])
+              for m, deps in import_graph().items()}
+    assert {m: deps for m, deps in upward.items() if deps} == {}
+
+
+def test_the_readme_module_table_is_the_tree():
+    """Every module of the package has its row in the README, under its own path, and every row
+    names a module that exists."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## The package")[1].split("\n## ")[0]
+    rows = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
+    tree = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.stem != "__init__"}
+    assert rows == tree
 
 
 def test_no_import_cycle_in_the_package():
-    modules = [module_name(p) for p in PACKAGE.glob("*.py") if p.stem != "__init__"]
-    graph = {m: fingerprint._direct_imports(m, "grpo_course") - {"grpo_course"} for m in modules}
+    graph = import_graph()
+    modules = list(graph)
     cycles, state = [], {}
 
     def visit(module: str, path: list[str]) -> None:
@@ -151,22 +193,22 @@ def test_the_trainer_is_the_grpo_step_and_grpo_is_the_mathematics():
     """Before: train.py (783 lines) held the warm-up, the step and the persistence in one class
     of 546 lines, and grpo.py, "mathematics in the algorithm's order", held the attention,
     autocast and PEFT plumbing too."""
-    train = (PACKAGE / "train.py").read_text(encoding="utf-8")
+    train = (PACKAGE / "core" / "train.py").read_text(encoding="utf-8")
     trainer = next(n for n in ast.parse(train).body
                    if isinstance(n, ast.ClassDef) and n.name == "CourseTrainer")
     assert len(train.splitlines()) <= 400 and trainer.end_lineno - trainer.lineno + 1 <= 300
     methods = {n.name for n in trainer.body if isinstance(n, ast.FunctionDef)}
     assert {"_generate_and_score_completions", "compute_loss", "step"} <= methods   # TRL's names
     code = {n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else n.name
-            for n in ast.walk(ast.parse((PACKAGE / "grpo.py").read_text(encoding="utf-8")))
+            for n in ast.walk(ast.parse((PACKAGE / "core" / "grpo.py").read_text(encoding="utf-8")))
             if isinstance(n, (ast.Name, ast.Attribute, ast.alias))}
     assert not {name for name in code for word in ("autocast", "attention", "peft") if word in name}
 
 
 def test_grpo_is_mathematics_on_tensors_and_imports_nothing_from_the_package():
     """Issue 66: grpo.py imported modeling for per_token_logps, and sft and curriculum imported
-    grpo only for that function; it lives in modeling now."""
-    tree = ast.parse((PACKAGE / "grpo.py").read_text(encoding="utf-8"))
+    grpo only for that function; it lives in core/policy.py now."""
+    tree = ast.parse((PACKAGE / "core" / "grpo.py").read_text(encoding="utf-8"))
     local = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
              and (n.level > 0 or (n.module or "").startswith("grpo_course"))]
     assert local == [], [ast.unparse(n) for n in local]

@@ -52,7 +52,7 @@ def test_a_fresh_non_editable_install_evaluates_outside_the_checkout(wheel, tmp_
     where = subprocess.run([str(py), "-c", "import grpo_course; print(grpo_course.__file__)"],
                            cwd=tmp_path, env=env, check=True, capture_output=True, text=True).stdout
     assert str(ROOT) not in where and str(site) in where          # the installed copy, not the checkout
-    run = subprocess.run([str(py), "-m", "grpo_course.evaluate", "--n", "2", "--max-new-tokens", "16",
+    run = subprocess.run([str(py), "-m", "grpo_course.measure.evaluate", "--n", "2", "--max-new-tokens", "16",
                           "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])

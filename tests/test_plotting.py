@@ -1,12 +1,11 @@
-"""Plotting helpers: benchmark results, the cost curve, and glue (numbers quoted in the prose)."""
+"""Plotting helpers: benchmark results, the cost curve and live training curves."""
 import json
 
 import matplotlib
-import pytest
 
 matplotlib.use("Agg")
 
-from grpo_course.plotting import plot_cost_curve, read_throughput
+from grpo_course.book.plotting import plot_cost_curve, read_throughput
 
 RESULT = {"config": {"num_generations": 4, "threads": 2},
           "ours": {"s_per_step": 10.0, "completions_per_s": 0.8, "step_seconds": [9.0, 10.0],
@@ -36,54 +35,10 @@ def test_cost_curve_has_one_point_per_matching_sweep_row():
     assert by_len == [[32, 1.28], [64, 2.56], [128, 5.12]]
 
 
-def test_glue_formats_numpy_and_torch_scalars_and_glues_the_text(monkeypatch):
-    import myst_nb
-    import numpy as np
-    import torch
-
-    from grpo_course import plotting
-
-    seen = {}
-    monkeypatch.setattr(myst_nb, "glue", lambda name, value, display=True: seen.update({name: value}))
-    plotting.glue("a", np.float64(0.5), fmt=".1f")
-    plotting.glue("b", torch.tensor(3))
-    plotting.glue("c", "text")
-    plotting.glue("d", 0.123, fmt=".0%")
-    assert seen == {"a": "0.5",  # not np.float64(0.5)
-                    "b": "3", "c": "text", "d": "12%"}
-    assert repr(seen["c"]) == "text"          # an inline {eval} shows it without quotes
-    assert plotting.glued.b == "3" and plotting.glued["d"] == "12%"
-
-
-def test_glue_without_myst_nb_keeps_the_value_for_the_table(monkeypatch):
-    import sys
-
-    from grpo_course import plotting
-    monkeypatch.setitem(sys.modules, "myst_nb", None)     # not installed: importing it raises
-    plotting.glue("no_myst", 0.25, fmt=".0%")
-    assert plotting.glued.no_myst == "25%"
-
-
-def test_glued_names_an_unglued_value():
-    from grpo_course import plotting
-    with pytest.raises(AttributeError, match="nothing is glued as 'never_glued' yet"):
-        _ = plotting.glued.never_glued
-
-
-def test_glue_records_every_value_for_the_table_where_myst_is_not_rendered():
-    import numpy as np
-
-    from grpo_course import plotting
-    plotting.glue("test_acc", np.float64(0.123456), fmt=".4g")
-    plotting.glue("test_text", "a sentence")
-    table = plotting.glued_values()
-    assert table.loc["test_acc", "value"] == "0.1235" and table.loc["test_text", "value"] == "a sentence"
-
-
 def test_live_curves_redraw_every_run_in_its_panels():
     import matplotlib
     matplotlib.use("Agg")
-    from grpo_course.plotting import LiveCurves
+    from grpo_course.book.plotting import LiveCurves
 
     curves = LiveCurves({"reward": "mean reward", "kl": "KL"})
     for step in range(3):
@@ -96,7 +51,7 @@ def test_live_curves_redraw_every_run_in_its_panels():
 
 
 def test_side_by_side_escapes_each_source_in_its_own_column():
-    from grpo_course.plotting import side_by_side
+    from grpo_course.book.plotting import side_by_side
 
     html = side_by_side({"TRL <1.16>": "if a < b:\n    pass", "ours": "x & y"}).data
     assert html.count('<div style="flex:1') == 2

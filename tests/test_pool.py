@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from grpo_course import pool as pool_module
 from grpo_course.config import ConfigError, GRPOConfig
-from grpo_course.pool import mixed_ids, pool_summary
+from grpo_course.core import pool as pool_module
+from grpo_course.core.pool import mixed_ids, pool_summary
 from tests.helpers import ADDITION_ROWS, tiny_trainer
 
 
@@ -67,7 +67,7 @@ def test_the_trainer_draws_only_the_mixed_prompts(monkeypatch, tmp_path):
 
 
 def test_a_checkpoint_keeps_the_pool_and_a_resume_trims_the_log(monkeypatch, tmp_path):
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.train import CourseTrainer
     from tests.helpers import tiny_model, tiny_tokenizer
 
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
@@ -106,7 +106,7 @@ def test_snapshots_are_kept_every_n_steps(tmp_path):
 def test_correct_mixed_groups_leave_format_spreads_out():
     import torch
 
-    from grpo_course.rewards import correct_mixed_groups
+    from grpo_course.core.rewards import correct_mixed_groups
     scores = torch.tensor([3.0, -0.5, -1.0, -0.5, 3.0, 3.0, 1.5, -0.5])   # G = 2: four groups
     assert correct_mixed_groups({"correctness": scores}, 2) == 1      # only the first mixes right and wrong
     assert correct_mixed_groups({}, 2) is None

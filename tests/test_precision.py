@@ -6,8 +6,12 @@ import pytest
 import torch
 
 from grpo_course.config import GRPOConfig
-from grpo_course.modeling import _frozen_output_weight, add_lora, norms_cast_once, per_token_logps
-from grpo_course.precision import FrozenLowPrecisionLinear, frozen_linear_weights_as, hold_frozen_weights_in
+from grpo_course.core.policy import _frozen_output_weight, add_lora, norms_cast_once, per_token_logps
+from grpo_course.core.precision import (
+    FrozenLowPrecisionLinear,
+    frozen_linear_weights_as,
+    hold_frozen_weights_in,
+)
 from tests.helpers import tiny_model, tiny_tokenizer
 from tests.helpers import tiny_trainer as _trainer
 
@@ -134,7 +138,7 @@ def test_frozen_output_layer_gradient_formed_in_the_forward_pass(monkeypatch, te
     the backward pass. In fp32: autograd's log-probs, entropies and gradients (through
     log-softmax) to rounding, over one chunk and over several. Under bf16 autocast: no farther
     from the fp32 gradients than autograd's own bf16 pass."""
-    import grpo_course.modeling as grpo
+    import grpo_course.core.policy as grpo
     model, batch = _lora_model(), _batch()
     assert _frozen_output_weight(model) is not None
     with torch.autocast("cpu", dtype=torch.bfloat16):               # one bf16 copy under autocast

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo_course import profiling as prof
-from grpo_course.sampling import sample_completions
+from grpo_course.core.sampling import sample_completions
+from grpo_course.measure import profiling as prof
 from tests import helpers
 
 PROMPTS = ["What is 2 + 3?", "Tom has 4 apples and eats one. How many are left?"]
@@ -217,7 +217,7 @@ def test_run_with_threads_and_omp_order():
 
 # ---------------------------------------------------------------- the course trainer
 def test_course_trainer_phases_and_unchanged_results(bundled_tokenizer):
-    train = pytest.importorskip("grpo_course.train")
+    train = pytest.importorskip("grpo_course.core.train")
     from grpo_course.config import GRPOConfig
 
     rows = {"question": ["What is 2 + 3?", "What is 10 - 4?"], "answer": ["5", "6"]}

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from grpo_course import quantize as Q
+from grpo_course.topics import quantize as Q
 from tests import helpers
 
 
@@ -119,7 +119,7 @@ def test_dynamic_api_is_deprecated():
 
 
 def test_fast_sampler_is_skipped_for_quantized_models():
-    from grpo_course import sampling
+    from grpo_course.core import sampling
 
     fp32, q = tiny_llama(), Q.quantize(tiny_llama(), "dynamic")
     assert Q.has_plain_weights(fp32) and not Q.has_plain_weights(q)
@@ -137,8 +137,8 @@ def test_bad_input_is_readable(tmp_path):
 
 @pytest.mark.slow
 def test_real_model_dynamic_int8_agrees_on_a_gsm8k_prompt():
-    from grpo_course.data import chat_prompt
-    from grpo_course.models import load_model
+    from grpo_course.core.data import chat_prompt
+    from grpo_course.core.loading import load_model
 
     model, tok = load_model()
     prompt = chat_prompt("Tom has 3 apples and buys 4 more. How many apples does he have?", tok)
@@ -163,8 +163,8 @@ _PAIRED_ROWS = [{"idx": i, "question": q, "answer": str(c),
 
 
 def _answers(texts):
-    from grpo_course.answers import answers_match, extract_hash_answer
-    from grpo_course.evaluate import EvalResult
+    from grpo_course.core.answers import answers_match, extract_hash_answer
+    from grpo_course.measure.evaluate import EvalResult
 
     records = []
     for row, text in zip(_PAIRED_ROWS, texts, strict=False):
@@ -175,7 +175,7 @@ def _answers(texts):
 
 
 def test_paired_rows_compare_each_variant_with_fp32_problem_by_problem():
-    from grpo_course.attribution import held_out_rewards
+    from grpo_course.measure.attribution import held_out_rewards
 
     fp32 = _answers(["12+30 = 42\n#### 42", "6*4 = 24\n#### 24", "15*2 = 30\n#### 30"])
     worse = _answers(["12+30 = 42\n#### 42", "I do not know", "15*2 = 31"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_course import quiz
+from grpo_course.book import quiz
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted(p.stem for p in (ROOT / "notebooks").glob("0*.ipynb"))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_course.reference import MIN_FORMAT, SAMPLES, SLICES, primary_verdict
+from grpo_course.measure.reference import MIN_FORMAT, SAMPLES, SLICES, primary_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,8 +74,8 @@ def test_a_finished_run_is_exported_in_bf16_with_its_machine_and_hours(tmp_path)
 @pytest.mark.slow
 def test_the_tests_run_end_to_end_on_a_short_real_run(real_gsm8k_dir, tmp_path):
     """A one-step run of the bundled model (its sft/ beside it) through every test, tiny sizes."""
-    from grpo_course.reference import reference_tests
-    from grpo_course.train import main as train
+    from grpo_course.core.train import main as train
+    from grpo_course.measure.reference import reference_tests
     run = tmp_path / "run"
     assert train(["--profile", "smoke", "--config", str(ROOT / "recipes" / "reference_run.yaml"),
                   "--sft_steps", "1", "--max_steps", "1", "--prompt_pool", "all",

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grpo_course import rewards as R
-from grpo_course.answers import HASH_FORMAT, TAG_FORMAT, AnswerFormat, extract_answer, normalize_number
-from grpo_course.rewards import (
+from grpo_course.core import rewards as R
+from grpo_course.core.answers import HASH_FORMAT, TAG_FORMAT, AnswerFormat, extract_answer, normalize_number
+from grpo_course.core.rewards import (
     REWARD_FUNCTIONS,
     answer_tier,
     combined,
@@ -279,8 +279,8 @@ SOLUTION = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
 
 
 def test_intermediate_results_by_hand():
-    from grpo_course.data import solution_results
-    from grpo_course.rewards import intermediate_results
+    from grpo_course.core.data import solution_results
+    from grpo_course.core.rewards import intermediate_results
     assert solution_results(SOLUTION) == ["24", "72"]
     texts = ["48/2 = 24\n48+24 = 72\n#### 72",          # both steps: F1 1
              "48/2 = 24\n48+2 = 50\n#### 50",            # first step only: 2*1/(2+2)
@@ -295,7 +295,7 @@ def test_intermediate_results_by_hand():
 def test_intermediate_results_resists_chapter_2_hacks():
     """The heuristic hack of chapter 2 computes nothing the solution computes; listing every
     number costs precision: F1 stays small however many gold values the list hits."""
-    from grpo_course.rewards import heuristic, intermediate_results
+    from grpo_course.core.rewards import heuristic, intermediate_results
     hack = ("Step 1: 2 + 2 = 4\nStep 2: 4 * 3 = 12\nStep 3: 12 - 1 = 11\n"
             "So the final result is clearly the number below.\n#### 11")
     spam = "\n".join(f"x = {k}" for k in range(100)) + "\n#### 72"

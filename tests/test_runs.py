@@ -7,9 +7,9 @@ import types
 
 import pytest
 
-from grpo_course import runs
 from grpo_course.config import ConfigError, GRPOConfig
-from grpo_course.runs import load_run_config
+from grpo_course.core import runs
+from grpo_course.core.runs import load_run_config
 from tests.helpers import ADDITION_ROWS as ROWS
 from tests.helpers import tiny_trainer as _trainer
 
@@ -31,7 +31,7 @@ def test_write_run_writes_the_common_layout_and_list_runs_tables_it(tmp_path):
 
 
 def test_a_run_config_with_its_trainer_is_still_a_recipe(tmp_path):
-    from grpo_course.cli import parse_train_args
+    from grpo_course.core.cli import parse_train_args
 
     runs.write_run(tmp_path / "old", GRPOConfig(num_generations=2, per_step_completions=4), [], "smoke",
                    trainer="trl")
@@ -74,7 +74,7 @@ def test_report_to_trackio_logs_every_step_of_the_course_trainer(tmp_path, fake_
 
 
 def test_trl_gets_trackio_through_its_own_report_to(tmp_path, fake_trackio):
-    from grpo_course import trl_bridge
+    from grpo_course.topics import trl_bridge
 
     args = trl_bridge.grpo_config_from_course(GRPOConfig(report_to="trackio"), tmp_path)
     assert args.report_to == ["trackio"] and args.project == runs.TRACKIO_PROJECT
@@ -93,13 +93,13 @@ def test_report_to_without_trackio_or_with_another_tracker_is_one_clear_error(mo
 def test_a_curriculum_run_is_saved_in_the_same_layout_with_its_stages(tmp_path, monkeypatch):
     import datasets
 
-    from grpo_course.curriculum import Stage, train_stages
+    from grpo_course.topics.curriculum import Stage, train_stages
     from tests.helpers import length_reward
 
     trainer = _trainer()
     stages = [Stage("basic", ("basic",), datasets.Dataset.from_list(ROWS[:3])),
               Stage("advanced", ("advanced",), datasets.Dataset.from_list(ROWS[3:]))]
-    monkeypatch.setattr("grpo_course.rewards.default_rewards", lambda weights: {"length": length_reward})
+    monkeypatch.setattr("grpo_course.core.rewards.default_rewards", lambda weights: {"length": length_reward})
     train_stages(trainer.model, trainer.tokenizer, trainer.config, stages, 1,
                  out_dir=tmp_path / "cur", profile="smoke")
     rows = [json.loads(line) for line in (tmp_path / "cur" / "metrics.jsonl").read_text().splitlines()]

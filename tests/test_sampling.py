@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grpo_course.sampling import FastLlama, sample_completions, supports_fast_path
+from grpo_course.core.sampling import FastLlama, sample_completions, supports_fast_path
 from tests.helpers import tiny_model, tiny_tokenizer
 
 
@@ -97,7 +97,7 @@ def test_finished_rows_leave_the_batch_without_changing_the_samples(monkeypatch)
 def test_prepacked_bf16_weights_give_the_same_samples(monkeypatch):
     """Decoding from weights reordered once (oneDNN) draws what the plain bf16 products draw,
     also after finished rows left the batch."""
-    import grpo_course.sampling as sampling
+    import grpo_course.core.sampling as sampling
     model, tok = tiny_model(seed=1), tiny_tokenizer()
     packed = sample_completions(model, tok, PROMPTS, 8, 60, temperature=1.0, seed=3,
                                 fast=True, sampling_dtype="bfloat16")
@@ -112,7 +112,7 @@ def test_prepacked_bf16_weights_give_the_same_samples(monkeypatch):
 def test_low_memory_mode_keeps_one_copy_of_the_weights(monkeypatch):
     """In low-memory mode the decoder keeps no re-ordered second copy of its bf16 weights, and
     draws the same samples."""
-    from grpo_course import memory
+    from grpo_course.infra import memory
 
     model, tok = tiny_model(seed=1), tiny_tokenizer()
     decoder = FastLlama(model, torch.bfloat16)
@@ -144,7 +144,7 @@ def test_lora_delta_is_used(tiny):
     for name, p in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)
-    from grpo_course.sampling import _stacked_weight
+    from grpo_course.core.sampling import _stacked_weight
 
     q_proj = model.base_model.model.model.layers[0].self_attn.q_proj
     assert not torch.allclose(_stacked_weight([q_proj], torch.float32), q_proj.base_layer.weight)
@@ -183,8 +183,8 @@ def test_bf16_sampler_stays_close_to_fp32(tiny):
 
 
 def test_sampling_dtype_names(monkeypatch):
-    from grpo_course import hardware
-    from grpo_course.sampling import resolve_sampling_dtype
+    from grpo_course.core.sampling import resolve_sampling_dtype
+    from grpo_course.infra import hardware
     assert resolve_sampling_dtype(None) is None
     assert resolve_sampling_dtype("float32") is torch.float32
     assert resolve_sampling_dtype("bfloat16") is torch.bfloat16
@@ -201,7 +201,7 @@ def test_sampling_dtype_names(monkeypatch):
 def test_decode_attention_both_precisions_agree_with_sdpa(monkeypatch, rows):
     """The decode step's attention, in fp32 products (few rows) and in bf16 products (many rows),
     gives grouped-query attention over the cached slots that the mask keeps."""
-    import grpo_course.sampling as sampling
+    import grpo_course.core.sampling as sampling
     B, K, R, S, D = rows, 3, 3, 11, 8
     g = torch.Generator().manual_seed(0)
     q = torch.randn(B, K, R, D, generator=g).bfloat16()
@@ -226,7 +226,7 @@ def test_snapshot_adds_the_lora_delta_in_place():
     variants (DoRA) are left to peft's own delta."""
     from peft import LoraConfig, get_peft_model
 
-    from grpo_course.sampling import _lora_factors, _stacked_weight, _weight
+    from grpo_course.core.sampling import _lora_factors, _stacked_weight, _weight
 
     model = get_peft_model(tiny_model(seed=4),
                            LoraConfig(r=4, target_modules=["q_proj", "v_proj", "up_proj"]))
@@ -256,7 +256,7 @@ def test_choose_inverts_the_distribution_and_returns_its_log_probs():
     """Uniform numbers on a fine grid draw each token as often as its probability (at the
     temperature, within the nucleus for top_p); the log-probs are those of the temperature-scaled
     distribution; temperature 0 is the argmax."""
-    from grpo_course.sampling import _choose
+    from grpo_course.core.sampling import _choose
 
     logits = torch.tensor([[2.0, 0.5, -1.0, 1.0, 0.0]])
     n = 20_000

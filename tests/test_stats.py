@@ -1,9 +1,9 @@
-"""grpo_course.stats: the intervals and tests behind every comparison in the book."""
+"""grpo_course.measure.stats: the intervals and tests behind every comparison in the book."""
 import math
 
 import pytest
 
-from grpo_course.stats import (
+from grpo_course.measure.stats import (
     linear_trend,
     mcnemar_test,
     paired_difference,
@@ -86,7 +86,7 @@ def test_a_few_pairs_get_the_wide_interval_they_deserve():
 
 
 def test_pass_at_k_estimate_is_the_chance_of_a_right_answer_among_k():
-    from grpo_course.stats import pass_at_k_estimate
+    from grpo_course.measure.stats import pass_at_k_estimate
     assert pass_at_k_estimate(16, 0, 8) == 0.0 and pass_at_k_estimate(16, 16, 1) == 1.0
     assert pass_at_k_estimate(16, 4, 1) == pytest.approx(0.25)          # pass@1: the mean
     assert pass_at_k_estimate(4, 1, 2) == pytest.approx(0.5)            # 3 of 6 pairs hold it
@@ -98,7 +98,7 @@ def test_pass_at_k_estimate_is_the_chance_of_a_right_answer_among_k():
 
 
 def test_mixed_group_chance():
-    from grpo_course.stats import mixed_group_chance
+    from grpo_course.measure.stats import mixed_group_chance
     assert mixed_group_chance(8, 0, 8) == 0.0 and mixed_group_chance(8, 8, 4) == 0.0
     assert mixed_group_chance(8, 1, 8) == 1.0
     assert mixed_group_chance(4, 2, 2) == pytest.approx(4 / 6)   # 4 of the 6 pairs mix
@@ -107,7 +107,7 @@ def test_mixed_group_chance():
 
 
 def test_mean_interval():
-    from grpo_course.stats import mean_interval
+    from grpo_course.measure.stats import mean_interval
     m = mean_interval([0.0, 1.0, 0.0, 1.0])
     assert m["mean"] == 0.5 and m["lo"] < 0.5 < m["hi"] and m["n"] == 4
     assert mean_interval([0.2, 0.2])["lo"] == pytest.approx(0.2)

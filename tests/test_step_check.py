@@ -1,5 +1,5 @@
 """Chapter 3's written-out GRPO step (its ``grpo_step``, read from the notebook) against
-``CourseTrainer.step`` with the chapter's tolerances (:mod:`grpo_course.step_check`): a group with
+``CourseTrainer.step`` with the chapter's tolerances (:mod:`grpo_course.book.step_check`): a group with
 a truncated completion, the KL penalty with two updates per batch, a tied group left out of the
 trainer's pass with several groups in several micro-batches.
 
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_course import rewards as rewards_module
+from grpo_course.book.step_check import assert_same_step, compare_steps, relative_gap, simple_config
 from grpo_course.config import get_profile
-from grpo_course.hardware import native_bf16
-from grpo_course.sampling import sample_completions
-from grpo_course.step_check import assert_same_step, compare_steps, relative_gap, simple_config
+from grpo_course.core import rewards as rewards_module
+from grpo_course.core.sampling import sample_completions
+from grpo_course.infra.hardware import native_bf16
 from tests.helpers import ADDITION_ROWS, length_reward, tiny_trainer
 
 #: the real-model cases: the bundled model at the full profile's sizes
@@ -72,8 +72,8 @@ def lora_trainer(train_dtype: str, rows):
     a gradient. Where the training pass and the warm-up both run in bf16 (the full profile's
     "auto" where the CPU has native bf16) the frozen base is held in bf16, as chapter 3's run
     holds it."""
-    from grpo_course.models import load_model
-    from grpo_course.train import CourseTrainer
+    from grpo_course.core.loading import load_model
+    from grpo_course.core.train import CourseTrainer
 
     model, tokenizer = load_model()
     config = dataclasses.replace(get_profile("full").grpo, train_dtype=train_dtype)
@@ -137,7 +137,7 @@ def grpo_step():
 def sampled(monkeypatch) -> list:
     """Every batch the sampler returns from now on (to check which case a test ran)."""
     batches = []
-    import grpo_course.train as train_module
+    import grpo_course.core.train as train_module
 
     def recording(*args, **kwargs):
         batch = sample_completions(*args, **kwargs)

@@ -1,4 +1,4 @@
-"""``grpo_course.train``'s CourseTrainer: the levers that give GRPO a learning signal in every step (chapter 3): dynamic sampling,
+"""``grpo_course.core.train``'s CourseTrainer: the levers that give GRPO a learning signal in every step (chapter 3): dynamic sampling,
 prompt order, num_iterations, masking truncated completions, the bf16 training pass, the
 dense intermediate-results reward, and the warm-up adapter saved for attribution."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from grpo_course.config import ConfigError, GRPOConfig
-from grpo_course.modeling import per_token_logps
-from grpo_course.sampling import concat_batches, sample_completions
-from grpo_course.train import CourseTrainer
+from grpo_course.core.policy import per_token_logps
+from grpo_course.core.sampling import concat_batches, sample_completions
+from grpo_course.core.train import CourseTrainer
 from tests.helpers import ADDITION_ROWS as ROWS
 from tests.helpers import length_reward, tiny_model, tiny_tokenizer
 
@@ -193,8 +193,8 @@ def test_bf16_training_pass_matches_fp32_within_tolerance():
     for dtype in ("float32", "bfloat16"):
         trainer = _trainer(train_dtype=dtype)
         batch, rewards, _ = trainer._generate_and_score_completions(trainer._rows(0, 2))
-        from grpo_course.grpo import group_advantages, grpo_loss
-        from grpo_course.precision import frozen_linear_weights_as
+        from grpo_course.core.grpo import group_advantages, grpo_loss
+        from grpo_course.core.precision import frozen_linear_weights_as
         adv = group_advantages(rewards, 2)
         bf16 = dtype == "bfloat16"
         with frozen_linear_weights_as(trainer.model, torch.bfloat16 if bf16 else None), \
@@ -260,8 +260,8 @@ def test_training_pass_attention_is_written_out_except_in_low_memory_mode(monkey
     """The GRPO training pass runs grouped_query_attention (faster on a CPU at these lengths),
     and the fused kernel in low-memory mode (it keeps less for the backward pass); the model's
     own setting is back afterwards."""
-    import grpo_course.modeling as grpo_module
-    from grpo_course import memory
+    import grpo_course.core.policy as grpo_module
+    from grpo_course.infra import memory
     monkeypatch.setattr(memory, "_low_memory", low)
     monkeypatch.setenv(memory.LOW_MEMORY_ENV, "1" if low else "0")
     calls = []
@@ -280,7 +280,7 @@ def test_training_pass_attention_is_written_out_except_in_low_memory_mode(monkey
 def test_activation_checkpointing_for_a_while_then_as_before():
     """Chapter 3's loop turns checkpointing on (in train mode, where it acts) and hands the policy
     back as it found it; where it was on already (binder) it stays on."""
-    from grpo_course.modeling import (
+    from grpo_course.core.policy import (
         activation_checkpointing,
         enable_activation_checkpointing,
         uses_activation_checkpointing,
@@ -302,7 +302,7 @@ def test_activation_checkpointing_for_a_while_then_as_before():
 
 
 def test_lines_left_continues_each_prompt_from_its_gold_start():
-    from grpo_course.data import chat_prompt
+    from grpo_course.core.data import chat_prompt
     from tests.helpers import ROWS as GSM_ROWS
     from tests.helpers import tiny_trainer
     trainer = tiny_trainer(lines_left=2)

@@ -4,10 +4,10 @@ The cross-check feeds one fixed batch (log-probs, old and reference log-probs,
 advantages from fixed rewards, a ragged completion mask) through
 ``trl.GRPOTrainer._compute_loss`` — TRL's own code, on a real trainer built around a
 tiny random Llama — with only the model forward (``_get_per_token_logps_and_entropies``)
-replaced by the fixed log-probs. ``grpo_course.grpo.grpo_loss`` must give the same
+replaced by the fixed log-probs. ``grpo_course.core.grpo.grpo_loss`` must give the same
 loss, the same gradient and the same clip ratios.
 
-The command line (``python -m grpo_course.trl_bridge``): TRL's GRPOTrainer from the course config,
+The command line (``python -m grpo_course.topics.trl_bridge``): TRL's GRPOTrainer from the course config,
 one process or data-parallel under ``accelerate launch`` (2 CPU processes over gloo).
 """
 from __future__ import annotations
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_course import trl_bridge
 from grpo_course.config import ConfigError, GRPOConfig
-from grpo_course.grpo import group_advantages, grpo_loss
-from grpo_course.loss_check import (
+from grpo_course.core.grpo import group_advantages, grpo_loss
+from grpo_course.topics import trl_bridge
+from grpo_course.topics.loss_check import (
     CASES,
     MAX_LEN,
     PROMPTS,
@@ -113,7 +113,7 @@ def test_two_processes_train_data_parallel_with_identical_adapters(gsm8k_dir, tm
     cmd = [sys.executable, "-m", "accelerate.commands.launch",
            "--config_file", str(ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"),
            "--main_process_port", str(_free_port()),
-           "-m", "grpo_course.trl_bridge", "--profile", "smoke", "--out", str(out),
+           "-m", "grpo_course.topics.trl_bridge", "--profile", "smoke", "--out", str(out),
            "--max_steps", "2", "--num_generations", "2", "--per_step_completions", "4",
            "--max_completion_length", "16",
            # a reward with spread in 16 tokens, and truncated completions kept: the adapters move
@@ -137,7 +137,7 @@ def test_two_processes_train_data_parallel_with_identical_adapters(gsm8k_dir, tm
 
 def test_launch_command_runs_one_process_plainly_and_more_under_accelerate(tmp_path):
     one = trl_bridge.launch_command(1, tmp_path, "--profile", "smoke")
-    assert one[:3] == [sys.executable, "-m", "grpo_course.trl_bridge"] and "--profile" in one
+    assert one[:3] == [sys.executable, "-m", "grpo_course.topics.trl_bridge"] and "--profile" in one
     two = trl_bridge.launch_command(2, tmp_path, "--profile", "smoke")
     assert two[1:3] == ["-m", "accelerate.commands.launch"]
     config = Path(two[two.index("--config_file") + 1])
@@ -145,12 +145,12 @@ def test_launch_command_runs_one_process_plainly_and_more_under_accelerate(tmp_p
     assert two[two.index("--num_processes") + 1] == "2"
     with pytest.raises(ConfigError, match="processes must be >= 1"):
         trl_bridge.launch_command(0, tmp_path)
-    assert trl_bridge.shell_line(one).startswith("python -m grpo_course.trl_bridge --out ")
+    assert trl_bridge.shell_line(one).startswith("python -m grpo_course.topics.trl_bridge --out ")
     assert trl_bridge.shell_line(two).startswith("accelerate launch --config_file ")
 
 
 def test_share_cores_pins_each_process_to_its_own_cores(monkeypatch):
-    from grpo_course import hardware
+    from grpo_course.infra import hardware
 
     pinned = {}
     monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
@@ -318,7 +318,7 @@ def test_lora_config_from_course():
 
 
 def test_reward_funcs_and_weights():
-    from grpo_course.rewards import REWARD_FUNCTIONS
+    from grpo_course.core.rewards import REWARD_FUNCTIONS
 
     funcs, weights = trl_bridge.reward_funcs_from_course(
         GRPOConfig(reward_weights={"correctness": 2.0, "heuristic": 0.25}))
@@ -354,7 +354,7 @@ def test_train_with_trl_one_step_on_the_bundled_model(gsm8k_dir, tmp_path):
                 "rewards/correctness/mean", "step_time"):
         assert key in step, key
     assert run.throughput()["tokens_per_s"] > 0
-    from grpo_course.models import load_model
+    from grpo_course.core.loading import load_model
 
     adapter_dir = trl_bridge.save_adapter(run, tmp_path / "adapter")
     assert (adapter_dir / "adapter_config.json").is_file()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_course import trl_bridge
+from grpo_course.topics import trl_bridge
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "04_trl_trainer.ipynb"
 
@@ -31,7 +31,7 @@ def test_notebook_grpo_config_equals_the_bridge(profile, monkeypatch, tmp_path):
     assert "GRPOConfig(" in cell_source("c03") and "GRPOTrainer(" in cell_source("c10")
     bridge = trl_bridge.grpo_config_from_course(cfg, namespace["out_dir"], micro_batch=P.trl.micro_batch,
                                                 bf16=args.bf16, disable_tqdm=False)
-    assert trl_bridge.config_differences(args, bridge) == {}
+    assert trl_bridge.trl_config_differences(args, bridge) == {}
     assert namespace["peft_config"].to_dict() == trl_bridge.lora_config_from_course(cfg).to_dict()
     names = [f.__name__ for f in namespace["reward_funcs"]]
     assert names == trl_bridge.reward_names(cfg)
@@ -42,6 +42,6 @@ def test_config_differences_names_each_field(tmp_path):
 
     a = trl_bridge.grpo_config_from_course(GRPOConfig(), tmp_path)
     b = trl_bridge.grpo_config_from_course(GRPOConfig(), tmp_path, temperature=0.7, beta=0.04)
-    assert trl_bridge.config_differences(a, b) == {"beta": (a.beta, 0.04),
+    assert trl_bridge.trl_config_differences(a, b) == {"beta": (a.beta, 0.04),
                                                    "temperature": (a.temperature, 0.7)}
-    assert trl_bridge.config_differences(a, a) == {}
+    assert trl_bridge.trl_config_differences(a, a) == {}

@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from grpo_course import checkpoints, models, warmstart
 from grpo_course.config import GRPOConfig, get_profile
-from grpo_course.models import runs_dir
-from grpo_course.runs import save_run_config
-from grpo_course.train import CourseTrainer
+from grpo_course.core import checkpoints, loading, warmstart
+from grpo_course.core.runs import save_run_config
+from grpo_course.core.train import CourseTrainer
+from grpo_course.infra.paths import runs_dir
 from tests.helpers import ADDITION_ROWS, tiny_model, tiny_tokenizer
 
 
@@ -84,7 +84,7 @@ def test_a_policy_that_does_not_load_is_trained_again(fake_training, capsys):
     truncate(folder / "adapter_model.safetensors")
     assert warmstart.trained_policy(profile, [])[0] == folder and FakeTrainer.runs == 2
     assert "does not load" in capsys.readouterr().out
-    assert models.unloadable(folder / "adapter_model.safetensors") is None   # rebuilt whole
+    assert loading.unloadable(folder / "adapter_model.safetensors") is None   # rebuilt whole
 
 
 def test_otherwise_the_recipe_is_trained_once_and_reused(fake_training):
@@ -133,4 +133,4 @@ def test_warm_start_trains_once_and_start_from_loads_it(tmp_path, monkeypatch, c
     capsys.readouterr()
     assert warmstart.warm_start(cfg, data) == folder
     assert "does not load" in capsys.readouterr().out
-    assert models.unloadable(folder / checkpoints.STATE_FILE) is None
+    assert loading.unloadable(folder / checkpoints.STATE_FILE) is None

@@ -1,6 +1,6 @@
 """Sphinx extension: ``{eval}`glued.name``` in a notebook's prose reads the value glued as ``name``.
 
-The chapters quote computed numbers as ``{eval}`glued.name``` (``grpo_course.plotting.glue``):
+The chapters quote computed numbers as ``{eval}`glued.name``` (``grpo_course.book.glue.glue``):
 JupyterLab with jupyterlab-myst evaluates that expression in the running kernel; myst-nb evaluates
 ``{eval}`` only when it executes a notebook inline, so for the book (executed through the cache, or
 not at all for the smoke build) this role reads the same value from the notebook's glue outputs.

@@ -33,8 +33,8 @@ class MemoryTable(Directive):
     has_content = False
 
     def run(self):
-        from grpo_course.memory import CHAPTER_LIMIT_MIB
-        from grpo_course.memory import MEMORY_FILE as path
+        from grpo_course.infra.memory import CHAPTER_LIMIT_MIB
+        from grpo_course.infra.memory import MEMORY_FILE as path
 
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

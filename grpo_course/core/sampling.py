@@ -1,0 +1,538 @@
+"""Batched G-per-prompt sampling with a preallocated key/value cache.
+
+Each prompt runs through the model once (prefill); its keys/values are written G
+times into a cache allocated once for the whole completion budget, and the G
+completions decode together, one token per step; a sequence that has emitted EOS leaves
+the batch (its cache rows are dropped once a quarter of the batch has finished), so the
+long tail of a batch is decoded at the width it really has. The sampler keeps the
+log-probability of every token it drew, so a trainer that uses each batch once
+needs no extra forward pass for ``old_per_token_logps``.
+
+For Llama-style models (the bundled SmolLM2) decoding runs a compact re-implementation
+of the forward pass over a snapshot of the weights (LoRA deltas merged in, q/k/v and
+gate/up fused into one matrix each): fewer, larger matrix products, no cache
+concatenation and no per-step framework overhead. Other architectures use the
+transformers model with its own cache (slower, same results).
+
+Decoding one token per step reads every weight once per step, so it is bound by memory
+bandwidth. ``sampling_dtype="bfloat16"`` snapshots the weights in bf16 (half the bytes,
+and the CPU's AVX512-BF16 instructions where it has them): more tokens per second
+(chapter 7 measures it); the bf16 weights are also reordered once per call into oneDNN's blocked layout,
+which a plain bf16 product redoes on every step (not in low-memory mode, where that
+second copy of the weights does not fit: :func:`grpo_course.infra.memory.use_low_memory`).
+``"auto"`` picks bf16 only on CPUs with native bf16 support (elsewhere bf16 matrix products are
+emulated and slower). A bf16 sampler draws from a very slightly different
+distribution, so its log-probs are a diagnostic, not the trainer's ``old_per_token_logps``
+(see :mod:`grpo_course.core.train`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from grpo_course.config import SAMPLING_DTYPES
+from grpo_course.infra import hardware, memory
+
+
+@dataclass
+class SampleBatch:
+    """Completions of ``P`` prompts x ``G`` generations, grouped contiguously."""
+
+    prompt_ids: torch.Tensor        # [P, Lp] left-padded
+    prompt_mask: torch.Tensor       # [P, Lp]
+    completion_ids: torch.Tensor    # [P*G, T] (pad after EOS)
+    completion_mask: torch.Tensor   # [P*G, T] 1 for real tokens, EOS included
+    sampling_logps: torch.Tensor    # [P*G, T] log-prob of each drawn token (0 where masked)
+    completions: list[str]          # decoded text, special tokens removed
+    num_generations: int
+    truncated: torch.Tensor         # [P*G] True where the length limit came before EOS
+    sampling_dtype: torch.dtype = torch.float32   # precision of the weights that drew the tokens
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(1)
+
+    def select_groups(self, groups: torch.Tensor) -> SampleBatch:
+        """The batch of the prompts where ``groups`` ([P] bool) is True, all G completions each."""
+        G = self.num_generations
+        rows = groups.repeat_interleave(G)
+        picked = [t for t, keep in zip(self.completions, rows.tolist(), strict=False) if keep]
+        T = max(int(self.completion_mask[rows].sum(1).max()), 1) if rows.any() else 1
+        return SampleBatch(self.prompt_ids[groups], self.prompt_mask[groups],
+                           self.completion_ids[rows, :T], self.completion_mask[rows, :T],
+                           self.sampling_logps[rows, :T], picked, G, self.truncated[rows],
+                           self.sampling_dtype)
+
+
+def _pad(t: torch.Tensor, width: int, left: bool) -> torch.Tensor:
+    """``t`` [N, L] padded with zeros to [N, width] (on the left for prompts)."""
+    fill = t.new_zeros(t.shape[0], width - t.shape[1])
+    return torch.cat([fill, t] if left else [t, fill], 1)
+
+
+def concat_batches(batches: list[SampleBatch]) -> SampleBatch:
+    """One batch of the groups of ``batches`` (same G), prompts left-padded and completions
+    right-padded to the widest (padding is masked out, so it changes no log-prob)."""
+    if len({b.num_generations for b in batches}) != 1:
+        raise ValueError("batches to concatenate must share num_generations")
+    if len(batches) == 1:
+        return batches[0]
+    Lp = max(b.prompt_ids.shape[1] for b in batches)
+    T = max(b.completion_ids.shape[1] for b in batches)
+    return SampleBatch(
+        torch.cat([_pad(b.prompt_ids, Lp, True) for b in batches]),
+        torch.cat([_pad(b.prompt_mask, Lp, True) for b in batches]),
+        torch.cat([_pad(b.completion_ids, T, False) for b in batches]),
+        torch.cat([_pad(b.completion_mask, T, False) for b in batches]),
+        torch.cat([_pad(b.sampling_logps, T, False) for b in batches]),
+        [t for b in batches for t in b.completions], batches[0].num_generations,
+        torch.cat([b.truncated for b in batches]), batches[0].sampling_dtype)
+
+
+def _choose(logits: torch.Tensor, temperature: float, top_p: float,
+            uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row; return (tokens, their log-probs under the sampling dist).
+
+    Sampling inverts the cumulative distribution with one uniform number per row
+    (``uniform`` [rows, 1]; ``torch.multinomial`` draws one exponential per vocabulary
+    entry: slower). The distribution is left unnormalised (the uniform number is scaled by its
+    sum instead), which skips a logsumexp and a normalised copy of the probabilities.
+    """
+    if temperature <= 0:  # greedy
+        logps = torch.log_softmax(logits.float(), dim=-1)
+        tokens = logps.argmax(-1)
+        return tokens, logps.gather(-1, tokens[:, None]).squeeze(-1)
+    # row-major (the compact decoder's head gives [V, B].T): the ops below keep a layout, and
+    # searchsorted would copy non-contiguous boundaries on every call, with a warning
+    scaled = (logits.float() if temperature == 1.0 else logits.float() / temperature).contiguous()
+    top = scaled.amax(-1, keepdim=True)
+    weights = (scaled - top).exp_()       # unnormalised probabilities: u is scaled by their sum
+    if top_p < 1.0:     # draw within the nucleus; the log-prob stays the whole distribution's
+        total = weights.sum(-1, keepdim=True)
+        sorted_w, order = weights.sort(dim=-1, descending=True)
+        keep = sorted_w.cumsum(-1) - sorted_w < top_p * total
+        weights = torch.zeros_like(weights).scatter(-1, order, sorted_w * keep)
+    cdf = weights.cumsum_(-1)             # contiguous, as searchsorted wants its boundaries
+    if top_p >= 1.0:
+        total = cdf[:, -1:]
+    tokens = torch.searchsorted(cdf, uniform.to(cdf.dtype) * cdf[:, -1:], right=True)
+    tokens = tokens.squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
+    return tokens, (scaled.gather(-1, tokens[:, None]) - top - total.log()).squeeze(-1)
+
+
+# ---------------------------------------------------------------- the fast Llama decoder
+def _weight(module: torch.nn.Module) -> torch.Tensor:
+    """The effective weight of a Linear, with active (unmerged) LoRA deltas added."""
+    if hasattr(module, "base_layer") and hasattr(module, "get_delta_weight"):
+        weight = module.base_layer.weight
+        if not getattr(module, "merged", False) and not module.disable_adapters:
+            for name in module.active_adapters:
+                if name in module.lora_A:
+                    weight = weight + module.get_delta_weight(name)
+        return weight
+    return module.weight
+
+
+def _lora_factors(module: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor, float]] | None:
+    """``(B, A, scaling)`` of each active adapter of a plain LoRA Linear (delta = scaling * B @ A);
+    ``[]`` for a plain Linear; ``None`` for anything else (other LoRA variants: :func:`_weight`)."""
+    if not hasattr(module, "base_layer"):
+        return [] if isinstance(module, torch.nn.Linear) else None
+    if not hasattr(module, "get_delta_weight") or getattr(module, "fan_in_fan_out", False):
+        return None
+    if getattr(module, "merged", False) or module.disable_adapters:
+        return []
+    factors = []
+    for name in module.active_adapters:
+        if name not in module.lora_A:
+            continue
+        if getattr(module, "lora_variant", {}).get(name) is not None \
+                or not isinstance(module.lora_A[name], torch.nn.Linear):
+            return None
+        factors.append((module.lora_B[name].weight, module.lora_A[name].weight,
+                        module.scaling[name]))
+    return factors
+
+
+def _stacked_weight(modules: list[torch.nn.Module], dtype: torch.dtype) -> torch.Tensor:
+    """The effective weights of ``modules`` (Linears, LoRA or not, with the same input size)
+    stacked by rows, in ``dtype``: each is copied once into one buffer and its LoRA delta added
+    there in place (``addmm_``: the base, plus scaling * B @ A in ``dtype``'s matrix product,
+    rounded once). Merging in fp32 and casting made three full-size temporaries per weight.
+    A single plain weight already in
+    ``dtype`` is used as it is, not copied."""
+    weights = [m.base_layer.weight if hasattr(m, "base_layer") else m.weight for m in modules]
+    adapters = [_lora_factors(m) for m in modules]
+    if len(modules) == 1 and weights[0].dtype == dtype and adapters[0] == []:
+        return weights[0].detach()
+    out = torch.empty(sum(w.shape[0] for w in weights), weights[0].shape[1], dtype=dtype)
+    pieces = out.split([w.shape[0] for w in weights])
+    for module, weight, factors, piece in zip(modules, weights, adapters, pieces, strict=False):
+        if factors is None:
+            piece.copy_(_weight(module).detach())
+            continue
+        piece.copy_(weight.detach())
+        for B, A, scaling in factors:
+            piece.addmm_(B.detach().to(dtype), A.detach().to(dtype), alpha=scaling)
+    return out
+
+
+def _base(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def has_plain_linear_weights(model: torch.nn.Module) -> bool:
+    """True when every Linear holds a plain float tensor (not a quantized one)."""
+    for module in model.modules():
+        if isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            return False          # dynamic INT8: packed params, `.weight` is a method
+        if isinstance(module, torch.nn.Linear):
+            w = module.weight.data
+            if type(w) not in (torch.Tensor, torch.nn.Parameter) or w.is_quantized:
+                return False      # e.g. torchao's Int8Tensor (no aten.cat)
+    return True
+
+
+def resolve_sampling_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    """``"auto"`` -> bf16 on CPUs with native bf16 matrix support
+    (:func:`grpo_course.infra.hardware.native_bf16`), else ``None`` (the model's
+    own dtype); ``"float32"``/``"bfloat16"`` or a torch dtype as given."""
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    if name == "auto":
+        return torch.bfloat16 if hardware.native_bf16() else None
+    if name in SAMPLING_DTYPES:
+        return getattr(torch, name)
+    raise ValueError(f"sampling_dtype must be one of {', '.join(SAMPLING_DTYPES)}; got {name!r}")
+
+
+def sampler_dtype(model, sampling_dtype: str | torch.dtype | None,
+                  fast: bool | None = None) -> torch.dtype:
+    """The weight precision :func:`sample_completions` decodes ``model`` at: the resolved
+    ``sampling_dtype`` on the compact decoder, else the model's own dtype."""
+    use_fast = supports_fast_path(_base(model)) if fast is None else fast
+    return (resolve_sampling_dtype(sampling_dtype) if use_fast else None) \
+        or next(model.parameters()).dtype
+
+
+def supports_fast_path(model) -> bool:
+    """True for Llama-style decoders without biases whose Linear weights are plain float
+    tensors (the bundled model, with or without LoRA); quantized models take the
+    transformers path."""
+    cfg = getattr(model, "config", None)
+    return (getattr(cfg, "model_type", None) in ("llama", "mistral")
+            and not getattr(cfg, "attention_bias", False) and not getattr(cfg, "mlp_bias", False)
+            and getattr(cfg, "hidden_act", "silu") == "silu"
+            and has_plain_linear_weights(model))
+
+
+def _prepack(weight: torch.Tensor, rows: int) -> torch.Tensor | None:
+    """A bf16 weight reordered once into oneDNN's blocked layout (a plain bf16 matrix product
+    re-packs its weight on every call), or ``None`` where that op is not available."""
+    op = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
+    if weight.dtype != torch.bfloat16 or op is None or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return op(weight, rows)
+    except RuntimeError:
+        return None
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    return F.linear(x, weight)
+
+
+FP32_ATTENTION_ROWS = 16   # decoding fewer rows than this, attention runs in fp32
+
+
+def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      bias: torch.Tensor) -> torch.Tensor:
+    """Attention of one new position per row: ``q`` [B, K, H/K, D] over the cache slices ``k``,
+    ``v`` [B, K, S, D], ``bias`` [B*K, H/K, S] (0 or -inf); scores and softmax in fp32.
+
+    Two batched matrix products: at one query position they beat the fused (flash) kernel, which is
+    built for long query blocks. A bf16 ``bmm`` of a strided cache slice copies it itself, slower
+    than one explicit copy, so the slices are copied first. Below ``FP32_ATTENTION_ROWS`` rows the copies are made in fp32
+    and the products run in fp32 (an fp32 cache is read in place): at a few rows the cost is per
+    call, and fp32 products have less of it; at many rows bf16's half the bytes wins (where they
+    cross is ``FP32_ATTENTION_ROWS``)."""
+    B, K, R, D = q.shape
+    if k.dtype == torch.float32 or B < FP32_ATTENTION_ROWS:
+        k3, v3 = k.flatten(0, 1).float(), v.flatten(0, 1).float()
+        scores = torch.baddbmm(bias, q.reshape(B * K, R, D).float(), k3.transpose(1, 2),
+                               alpha=D ** -0.5)
+        return torch.bmm(scores.softmax(-1), v3).view(B, K, R, D)
+    k3, v3 = k.flatten(0, 1).contiguous(), v.flatten(0, 1).contiguous()
+    scores = torch.bmm(q.reshape(B * K, R, D), k3.transpose(1, 2))
+    scores = scores.float().mul_(D ** -0.5).add_(bias).softmax(-1).to(v.dtype)
+    return torch.bmm(scores, v3).view(B, K, R, D)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding over the last dim: ``x * cos + rotate_half(x) * sin``, with
+    rotate_half's sign folded into ``signed_sin`` (:func:`_signed_sin`) so that the rotation is
+    one ``roll``."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
+
+
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], -1)
+
+
+class FastLlama:
+    """A weight snapshot of a Llama model with a preallocated KV cache, for sampling."""
+
+    def __init__(self, model, dtype: torch.dtype | None = None):
+        base = _base(model)
+        cfg = base.config
+        self.dtype = dtype or next(model.parameters()).dtype
+        stack = lambda *modules: _stacked_weight(list(modules), self.dtype)
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.rotary = base.model.rotary_emb
+        # the embedding is gathered from the model's own weight and cast per token: no second copy
+        self.embed = base.model.embed_tokens.weight.detach()
+        self.norm = self._rms_norm(base.model.norm)
+        self.lm_head = stack(base.lm_head)
+        self.layers = []
+        for layer in base.model.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            self.layers.append((
+                self._rms_norm(layer.input_layernorm),
+                stack(att.q_proj, att.k_proj, att.v_proj),
+                stack(att.o_proj),
+                self._rms_norm(layer.post_attention_layernorm),
+                stack(mlp.gate_proj, mlp.up_proj),
+                stack(mlp.down_proj),
+            ))
+        self.inter = self.layers[0][4].shape[0] // 2
+
+    def _rms_norm(self, norm: torch.nn.Module):
+        """Llama's RMSNorm (statistics in fp32), returning the snapshot's dtype."""
+        weight = norm.weight.detach().float()
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+        dtype = self.dtype      # not ``self``: a closure over it would keep the snapshot alive
+
+        def apply(h: torch.Tensor) -> torch.Tensor:
+            return F.rms_norm(h.float(), weight.shape, weight, eps).to(dtype)
+        return apply
+
+    def allocate(self, batch: int, length: int, dtype: torch.dtype) -> None:
+        # one cache tensor per layer: dropping finished rows (select) then copies one layer at a
+        # time, so the cache never exists twice over
+        # (left uninitialised: attention reads only the slots written so far, so the pages of the
+        # slots still to come take no memory until decoding reaches them)
+        shape = (batch, self.n_kv, length, self.head_dim)
+        self.k = [torch.empty(shape, dtype=dtype) for _ in self.layers]
+        self.v = [torch.empty(shape, dtype=dtype) for _ in self.layers]
+        self.written = 0            # slots 0..written-1 hold keys and values
+        # decoding multiplies every weight by a few rows per step: reorder the weights once (a
+        # second copy of them: not in low-memory mode, where each product re-packs its weight)
+        pack = (lambda w: None) if memory.low_memory() else (lambda w: _prepack(w, batch))
+        self.packed = [tuple(pack(w) for w in (wqkv, wo, wgu, wd))
+                       for _, wqkv, wo, _, wgu, wd in self.layers]
+        self.packed_head = pack(self.lm_head)
+
+    def _rotary(self, h: torch.Tensor, positions: torch.Tensor):
+        cos, sin = (c.to(self.dtype) for c in self.rotary(h.float(), positions))
+        return cos, _signed_sin(sin)
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                repeat: int) -> torch.Tensor:
+        """Run the prompts [P, L] once; write their K/V ``repeat`` times; last logits [P*repeat, V]."""
+        P, L = ids.shape
+        h = F.embedding(ids, self.embed).to(self.dtype)
+        cos, sin = self._rotary(h, positions)
+        cos, sin = cos[:, None], sin[:, None]
+        keep = torch.ones(L, L, dtype=torch.bool).tril()[None, None] & mask.bool()[:, None, None, :]
+        keep = keep | torch.eye(L, dtype=torch.bool)  # pad rows attend to themselves: no NaN
+        H, K, D = self.n_heads, self.n_kv, self.head_dim
+        for i, (n1, wqkv, wo, n2, wgu, wd) in enumerate(self.layers):
+            p_qkv, p_o, p_gu, p_d = self.packed[i]
+            qkv = _linear(n1(h), wqkv, p_qkv).view(P, L, H + 2 * K, D).transpose(1, 2)
+            q, k, v = qkv.split([H, K, K], 1)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            self.k[i][:, :, :L] = k.repeat_interleave(repeat, 0)
+            self.v[i][:, :, :L] = v.repeat_interleave(repeat, 0)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+            h = h + _linear(a.transpose(1, 2).reshape(P, L, H * D), wo, p_o)
+            g, u = _linear(n2(h), wgu, p_gu).split(self.inter, -1)
+            h = h + _linear(F.silu(g) * u, wd, p_d)
+        self.written = L
+        return self._logits(h[:, -1]).repeat_interleave(repeat, 0)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        if self.packed_head is not None:
+            return _linear(self.norm(h), self.lm_head, self.packed_head).float()
+        # [V, d] @ [d, B]: the vocabulary as the long side beats F.linear at small B
+        return (self.lm_head @ self.norm(h).T).T.float()
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only the cache rows ``rows`` (sequences that are still decoding); only the slots
+        written so far are copied (the others stay untouched, so they take no memory yet)."""
+        for cache in (self.k, self.v):
+            for i in range(len(cache)):
+                kept = torch.empty((len(rows), *cache[i].shape[1:]), dtype=cache[i].dtype)
+                kept[:, :, :self.written] = cache[i][rows, :, :self.written]
+                cache[i] = kept
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor,
+               t: int) -> torch.Tensor:
+        """One token per row at cache slot ``t``; ``keep`` [B, t+1] marks attendable slots."""
+        B = tokens.shape[0]
+        H, K, D = self.n_heads, self.n_kv, self.head_dim
+        h = F.embedding(tokens, self.embed).to(self.dtype)         # [B, d]
+        cos, sin = self._rotary(h[:, None], positions[:, None])    # [B, 1, D]
+        # the mask as an additive bias, made once for all layers: [B*K, H/K, t+1]
+        bias = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))
+        bias = bias[:, None, None].expand(B, K, H // K, -1).reshape(B * K, H // K, -1)
+        for i, (n1, wqkv, wo, n2, wgu, wd) in enumerate(self.layers):
+            p_qkv, p_o, p_gu, p_d = self.packed[i]
+            qkv = _linear(n1(h), wqkv, p_qkv).view(B, H + 2 * K, D)
+            qk = _rope(qkv[:, :H + K], cos, sin)                    # q and k heads together
+            self.k[i][:, :, t] = qk[:, H:]
+            self.v[i][:, :, t] = qkv[:, H + K:]
+            # grouped-query attention: the H/K query heads of a KV head act as K query rows
+            q = qk[:, :H].reshape(B, K, H // K, D)
+            a = _decode_attention(q, self.k[i][:, :, :t + 1], self.v[i][:, :, :t + 1], bias)
+            h = h + _linear(a.view(B, H * D).to(self.dtype), wo, p_o)
+            g, u = _linear(n2(h), wgu, p_gu).split(self.inter, -1)
+            h = h + _linear(F.silu(g) * u, wd, p_d)
+        self.written = t + 1
+        return self._logits(h)
+
+
+# ---------------------------------------------------------------- the sampler
+def _eos_ids(model, tokenizer) -> torch.Tensor:
+    eos_ids = {tokenizer.eos_token_id}
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if extra is not None:
+        eos_ids |= set(extra if isinstance(extra, list) else [extra])
+    return torch.tensor(sorted(i for i in eos_ids if i is not None))
+
+
+class _HFDecoder:
+    """The same interface over a transformers model and its own cache (any architecture)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def allocate(self, batch, length, dtype):
+        pass
+
+    def prefill(self, ids, mask, positions, repeat):
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         use_cache=True, logits_to_keep=1)
+        self.cache, self.mask = out.past_key_values, mask.repeat_interleave(repeat, 0)
+        if repeat > 1:
+            self.cache.batch_repeat_interleave(repeat)
+        return out.logits[:, -1].repeat_interleave(repeat, 0)
+
+    def decode(self, tokens, positions, keep, t):
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], 1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask,
+                         position_ids=positions[:, None], past_key_values=self.cache,
+                         use_cache=True)
+        self.cache = out.past_key_values
+        return out.logits[:, -1]
+
+
+def _decode_into(decoder, dtype, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G: int,
+                 out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], temperature: float,
+                 top_p: float, generator, eos: torch.Tensor, pad_id: int):
+    """Prefill the prompts, then pick and decode one token per step into ``out`` (the chosen
+    tokens, their sampling log-probs and the live mask, ``[B, max_new_tokens]``) until every row
+    reached an EOS or the budget. Returns the last step, the original row of each row still
+    decoding and whether it was still alive (cut at the budget)."""
+    tokens_out, logps_out, live_out = out
+    B, max_new_tokens = tokens_out.shape
+    Lp = prompt_ids.shape[1]
+    decoder.allocate(B, Lp + max_new_tokens, dtype)
+
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = decoder.prefill(prompt_ids, prompt_mask, positions, G)
+    keep = torch.zeros(B, Lp + max_new_tokens, dtype=torch.bool)
+    keep[:, :Lp] = prompt_mask.bool().repeat_interleave(G, 0)
+    next_pos = positions[:, -1].repeat_interleave(G, 0) + 1
+
+    # Rows that reached EOS leave the batch (``rows``: the original row of each decoding row)
+    # once a quarter of it has finished: the steps after that multiply smaller matrices.
+    rows = torch.arange(B)
+    alive = torch.ones(B, dtype=torch.bool)
+    for step in range(max_new_tokens):
+        # one uniform number per original row and step, decoding or not: the draws, hence
+        # the samples, do not depend on when rows left the batch
+        uniform = torch.rand(B, 1, generator=generator)[rows] if temperature > 0 else None
+        tokens, logps = _choose(logits, temperature, top_p, uniform)
+        tokens = torch.where(alive, tokens, torch.full_like(tokens, pad_id))
+        tokens_out[rows, step] = tokens
+        logps_out[rows, step] = torch.where(alive, logps, torch.zeros_like(logps))
+        live_out[rows, step] = alive.long()
+        alive = alive & ~torch.isin(tokens, eos)
+        if not alive.any() or step == max_new_tokens - 1:
+            break
+        if hasattr(decoder, "select") and int(alive.sum()) <= 0.75 * len(rows):
+            idx = alive.nonzero().squeeze(1)
+            decoder.select(idx)
+            rows, alive, tokens = rows[idx], alive[idx], tokens[idx]
+            keep, next_pos = keep[idx], next_pos[idx]
+        slot = Lp + step
+        keep[:, slot] = True
+        logits = decoder.decode(tokens, next_pos, keep[:, :slot + 1], slot)
+        next_pos = next_pos + 1
+    return step, rows, alive
+
+
+@torch.no_grad()
+def sample_completions(model, tokenizer, prompts: list[str], num_generations: int = 1,
+                       max_new_tokens: int = 128, temperature: float = 1.0,
+                       top_p: float = 1.0, seed: int | None = None,
+                       fast: bool | None = None,
+                       sampling_dtype: str | torch.dtype | None = None) -> SampleBatch:
+    """Sample ``num_generations`` completions for each prompt text (``temperature=0``
+    is greedy). Stops each sequence at the tokenizer's EOS and the loop when all did.
+    ``fast=None`` picks the compact decoder when the model supports it;
+    ``sampling_dtype`` (``None`` = the model's dtype, ``"auto"``, ``"bfloat16"``) sets the
+    compact decoder's weight precision."""
+    if num_generations < 1 or max_new_tokens < 1:
+        raise ValueError("num_generations and max_new_tokens must be >= 1")
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    was_training = model.training
+    model.eval()
+    tokenizer.padding_side = "left"
+    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False)
+    prompt_ids, prompt_mask = enc["input_ids"], enc["attention_mask"]
+    eos = _eos_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0])
+    use_fast = supports_fast_path(_base(model)) if fast is None else fast
+    dtype = sampler_dtype(model, sampling_dtype, use_fast)
+    B = len(prompts) * num_generations
+    tokens_out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long)
+    logps_out = torch.zeros(B, max_new_tokens)
+    live_out = torch.zeros(B, max_new_tokens, dtype=torch.long)
+    # inference mode: cheaper per decoding step than no_grad (no version counters,
+    # no view tracking); what leaves it is written into these three ordinary tensors, which the
+    # training pass may save for its backward pass (an inference tensor may not be)
+    with torch.inference_mode():
+        decoder = FastLlama(model, dtype) if use_fast else _HFDecoder(model)
+        step, rows, alive = _decode_into(decoder, dtype, prompt_ids, prompt_mask, num_generations,
+                                         (tokens_out, logps_out, live_out), temperature, top_p,
+                                         generator, eos, pad_id)
+    T = step + 1
+    truncated = torch.zeros(B, dtype=torch.bool)
+    truncated[rows] = alive
+    completion_ids, completion_mask = tokens_out[:, :T], live_out[:, :T]
+    if was_training:
+        model.train()
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    return SampleBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                       completion_ids=completion_ids, completion_mask=completion_mask,
+                       sampling_logps=logps_out[:, :T], completions=texts,
+                       num_generations=num_generations, truncated=truncated,
+                       sampling_dtype=dtype)

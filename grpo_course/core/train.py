@@ -1,0 +1,399 @@
+"""The from-scratch GRPO trainer: sample -> reward -> advantages -> loss -> step.
+
+:class:`CourseTrainer` strings together :mod:`grpo_course.core.sampling`, :mod:`grpo_course.core.rewards`
+and :mod:`grpo_course.core.grpo` with TRL's names: :meth:`~CourseTrainer.step` samples and scores G
+completions per prompt (:meth:`~CourseTrainer._generate_and_score_completions`, resampling with
+``dynamic_sampling``), then runs ``num_iterations`` updates of the clipped loss
+(:meth:`~CourseTrainer.compute_loss`, one forward/backward pass at a time). LoRA by default; no
+reference model when ``beta == 0`` (else the same weights, adapter off). A sampler at the policy's
+precision gives the ``old_per_token_logps``; one in bf16 (TRL's choice when each batch is used
+once) leaves the policy's own, detached (ratio 1), and logs the gap as ``sampler_logp_gap``.
+
+The warm-up is :mod:`grpo_course.core.sft`'s; the loop, log, pool, checkpoints and resuming are
+:mod:`grpo_course.core.checkpoints`' (mixed in). CLI: ``python -m grpo_course.core.train --profile full
+--out DIR`` saves an adapter folder (:func:`grpo_course.core.loading.load_model` loads it), the
+warm-up's in ``DIR/sft`` and the resolved config in ``DIR/config.yaml``; every
+:class:`GRPOConfig` field is a flag and a YAML recipe key (:mod:`grpo_course.core.cli`).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo_course.config import ConfigError, GRPOConfig
+from grpo_course.core.checkpoints import TrainingRun
+from grpo_course.core.cli import CHECKPOINT, parse_train_args, run_folder
+from grpo_course.core.data import load_gsm8k, prompt_order, select_columns, start_prompts
+from grpo_course.core.grpo import (
+    dropped_groups_scale,
+    group_advantages,
+    grpo_loss,
+    pass_means,
+    zero_std_groups,
+)
+from grpo_course.core.loading import load_model, quiet_loading
+from grpo_course.core.policy import (
+    adapter_disabled,
+    add_lora,
+    course_attention,
+    enable_activation_checkpointing,
+    norms_cast_once,
+    per_token_logps,
+)
+from grpo_course.core.precision import frozen_linear_weights_as, hold_frozen_weights_in
+from grpo_course.core.rewards import correct_completions, correct_mixed_groups, run_rewards, score_groups
+from grpo_course.core.sampling import concat_batches, resolve_sampling_dtype, sample_completions
+from grpo_course.core.sft import SFTWarmup
+from grpo_course.infra.errors import CourseError, report
+from grpo_course.infra.memory import low_memory, trim_heap
+
+PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
+
+
+class CourseTrainer(SFTWarmup, TrainingRun):
+    """GRPO on ``train_dataset`` (rows with ``question`` and ``answer``).
+
+    With LoRA, where both the warm-up and the GRPO training pass run in bf16 (``sft_dtype`` and
+    ``train_dtype``; by default on CPUs with native bf16), the frozen base weights of ``model``
+    are converted to bf16 in place (:func:`grpo_course.core.precision.hold_frozen_weights_in`)."""
+
+    def __init__(self, model, tokenizer, config: GRPOConfig, train_dataset,
+                 reward_funcs: dict[str, Callable] | None = None, out_dir=None,
+                 penalty: Callable | None = None, timer=None, skip_zero_variance: bool = True,
+                 profile: str | None = None):
+        if len(train_dataset) == 0:
+            raise ConfigError("train_dataset is empty")
+        self.config, self.tokenizer, self.dataset = config, tokenizer, train_dataset
+        torch.manual_seed(config.seed)
+        self.model = add_lora(model, config) if config.use_lora else model
+        if self._train_in_bf16() and self._sft_in_bf16():
+            # every pass that trains runs under bf16 autocast: hold the frozen base in bf16 for
+            # good (half its bytes; TRL's bf16 weights), not in fp32 plus a bf16 copy per step
+            hold_frozen_weights_in(self.model, torch.bfloat16)
+        if config.gradient_checkpointing:    # only in train mode: the sampler (eval mode) keeps its cache
+            enable_activation_checkpointing(self.model)
+        self.reward_funcs = run_rewards(config, reward_funcs)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.penalty, self.timer = penalty, timer
+        self.profile = profile      # the profile's name, recorded in out_dir/config.yaml
+        # a batch whose advantages are all 0 has no gradient: skip its backward (False: always run it)
+        self.skip_zero_variance = skip_zero_variance
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate,
+                                           weight_decay=config.weight_decay)
+        self.order = torch.randperm(len(train_dataset),
+                                    generator=torch.Generator().manual_seed(config.seed)).tolist()
+        self.prompt_order = prompt_order(train_dataset, self.order, config.prompt_order)
+        self.global_step = 0        # GRPO steps done
+        self.sft_done = 0           # SFT steps done
+        self.prompts_used = 0       # GRPO prompts drawn so far (dynamic sampling draws extra)
+        self.pool: dict[str, Any] | None = None   # the mixed pool's screening (prompt_pool)
+        self.history: list[dict[str, Any]] = []
+        self.tracker = None          # a runs.Tracker while train() runs (report_to="trackio")
+        self.sft_optimizer = None   # the warm-up's own AdamW (made by sft(), kept in checkpoints)
+        self._mark_step_boundary()
+
+    # ------------------------------------------------------------ helpers
+    def _phase(self, name: str):
+        return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
+
+    def _rows(self, index: int, size: int) -> dict[str, list]:
+        """Rows ``index * size`` .. of GRPO's prompt order (block ``index`` of ``size``)."""
+        order = self.prompt_order
+        return select_columns(self.dataset, [order[(index * size + i) % len(order)] for i in range(size)])
+
+    def _next_rows(self, size: int) -> dict[str, list]:
+        """The next ``size`` prompts of GRPO's order (the cursor is saved in checkpoints)."""
+        order = self.prompt_order
+        ids = [order[(self.prompts_used + i) % len(order)] for i in range(size)]
+        self.prompts_used += size
+        return select_columns(self.dataset, ids)
+
+    # ------------------------------------------------------------ GRPO
+    def _score(self, batch, rows: dict[str, list]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Weighted reward [B] and each function's rewards of a sampled batch; every dataset
+        column reaches the rewards as a keyword list, repeated G times (as in TRL)."""
+        return score_groups(batch.completions, rows, self.reward_funcs,
+                            self.config.reward_weights, self.config.num_generations)
+
+    def sampling_seed(self, round_: int = 0) -> int:
+        """The sampler's seed for this step's ``round_``-th sampling round (a function of the
+        config's seed and the step count, so a resumed run samples what an uninterrupted one does)."""
+        return self.config.seed * 1_000_003 + self.global_step * 101 + round_
+
+    def prompts(self, rows: dict[str, list]) -> list[str]:
+        """The prompt texts of ``rows``, at their ``start`` or ``config.lines_left``'s gold start
+        (:func:`grpo_course.core.data.start_prompts`)."""
+        return start_prompts(rows, self.tokenizer, lines_left=self.config.lines_left)
+
+    def _generate_and_score_completions(self, rows: dict[str, list]):
+        """Sample G completions per prompt of ``rows`` and score them. With ``dynamic_sampling``
+        (DAPO) groups whose rewards (``dynamic_sampling_reward``'s, if named) tie are set aside
+        and ``prompts_per_round`` more prompts sampled, up to ``max_sampling_rounds`` rounds, until
+        the step holds ``prompts_per_step`` informative groups. Returns the training batch, its
+        rewards, and what every sampled completion scored, with the sampling counts."""
+        cfg, G = self.config, self.config.num_generations
+        need = len(rows["question"]) if cfg.generation_batch_size is None else cfg.prompts_per_step
+        kept, sampled_rewards, sampled_funcs, prompts_sampled, rounds = [], [], [], 0, 0
+        lengths, truncated = [], []
+        while True:
+            with self._phase("sampling"):
+                batch = sample_completions(
+                    self.model, self.tokenizer, self.prompts(rows), G,
+                    cfg.max_completion_length, cfg.temperature, cfg.top_p,
+                    seed=self.sampling_seed(rounds),
+                    sampling_dtype=cfg.sampling_dtype)
+            with self._phase("rewards"):
+                rewards, per_func = self._score(batch, rows)
+            rounds += 1
+            prompts_sampled += len(rows["question"])
+            sampled_rewards.append(rewards)
+            sampled_funcs.append(per_func)
+            lengths.append(batch.completion_lengths.float())
+            truncated.append(batch.truncated.float())
+            if not cfg.dynamic_sampling:
+                kept.append((batch, rewards, per_func.get("correctness")))
+                break
+            signal = rewards if cfg.dynamic_sampling_reward is None else \
+                per_func[cfg.dynamic_sampling_reward]
+            informative = ~zero_std_groups(signal, G)
+            room = need - sum(len(r) // G for _, r, _ in kept)
+            take = informative & (informative.cumsum(0) <= room)
+            if take.any():
+                rows_taken, correct = take.repeat_interleave(G), per_func.get("correctness")
+                kept.append((batch.select_groups(take), rewards[rows_taken],
+                             None if correct is None else correct[rows_taken]))
+            if room - int(take.sum()) == 0 or rounds == cfg.max_sampling_rounds:
+                break
+            rows = self._next_rows(cfg.prompts_per_round)
+        if not kept:               # dynamic sampling found no informative group: train on none
+            none = torch.zeros(len(rewards) // G, dtype=torch.bool)
+            kept.append((batch.select_groups(none), rewards[:0], rewards[:0]))
+        all_rewards = torch.cat(sampled_rewards)
+        info = {"rewards": all_rewards,
+                "per_func": {n: torch.cat([f[n] for f in sampled_funcs]) for n in sampled_funcs[0]},
+                "frac_reward_zero_std": float(zero_std_groups(all_rewards, G).float().mean()),
+                "sampling_rounds": rounds, "prompts_sampled": prompts_sampled,
+                "completion_length": float(torch.cat(lengths).mean()),
+                "clipped_ratio": float(torch.cat(truncated).mean())}
+        correct = {"correctness": torch.cat([c for _, _, c in kept])} if "correctness" in per_func else {}
+        info["trained_correct_mixed"] = correct_mixed_groups(correct, G)   # of the trained groups
+        return concat_batches([b for b, _, _ in kept]), torch.cat([r for _, r, _ in kept]), info
+
+    def _train_in_bf16(self) -> bool:
+        """Whether the GRPO training pass runs under bf16 autocast (``train_dtype``, resolved)."""
+        return resolve_sampling_dtype(self.config.train_dtype) == torch.bfloat16
+
+    def step(self, rows: dict[str, list] | None = None) -> dict[str, Any]:
+        """One GRPO step: sample and score (:meth:`_generate_and_score_completions`), then
+        ``num_iterations`` optimizer updates on that batch. ``rows`` (columns ``question``,
+        ``answer``, ...) are the step's prompts; by default the next ones in ``prompt_order``."""
+        cfg, G = self.config, self.config.num_generations
+        trim_heap()                     # low-memory mode only: what the last step freed goes back
+        start = time.perf_counter()
+        if rows is None:
+            rows = self._next_rows(cfg.prompts_per_round if cfg.dynamic_sampling
+                                   else cfg.prompts_per_step)
+        batch, rewards, info = self._generate_and_score_completions(rows)
+        sampled = time.perf_counter()
+        advantages = group_advantages(rewards, G, cfg.scale_rewards)
+        mask = batch.completion_mask
+        if cfg.mask_truncated_completions:       # a cut-off completion teaches nothing either way
+            mask = mask * (~batch.truncated).long()[:, None]
+        # With beta = 0 a group whose rewards are all equal has advantage 0 on every token, so its
+        # completions add exactly 0 to the loss and its gradient: leave them out of the forward
+        # and backward (``skip_zero_variance``) and rescale the loss so the update is unchanged.
+        zero = zero_std_groups(rewards, G)
+        keep = ~zero if (self.skip_zero_variance and cfg.beta == 0.0) else torch.ones_like(zero)
+        rows_kept = keep.repeat_interleave(G)
+        bf16 = self._train_in_bf16()
+        self.model.train()
+        updates = []
+        # where the base is not held in bf16 already (the warm-up in fp32, the GRPO pass in bf16):
+        # bf16 copies of the frozen weights, made once per step (not in low-memory mode: there
+        # autocast casts each weight as it is used, and no second copy of the model exists at once)
+        with frozen_linear_weights_as(self.model, torch.bfloat16 if bf16 and not low_memory() else None):
+            old = None
+            for _ in range(cfg.num_iterations):
+                metrics, old = self._update(batch, mask, advantages, keep, rows_kept, old, bf16)
+                updates.append(metrics)
+                trim_heap()             # low-memory mode only: the update's freed blocks go back
+        metrics = {k: float(sum(u[k] for u in updates) / len(updates)) for k in updates[0]
+                   if k != "skipped"}
+        learn = not updates[0]["skipped"]
+        seconds = time.perf_counter() - start
+        n_tokens = int(batch.completion_mask.sum())
+        n_groups = info["prompts_sampled"]
+        informative = n_groups - round(info["frac_reward_zero_std"] * n_groups)
+        all_rewards = info["rewards"]
+        row = {"phase": "grpo", "step": self.global_step, **metrics,
+               "reward": float(all_rewards.mean()), "reward_std": float(all_rewards.std()),
+               **{f"rewards/{n}": float(r.mean()) for n, r in info["per_func"].items()},
+               "frac_reward_zero_std": info["frac_reward_zero_std"],
+               "frac_groups_dropped": float((~keep).float().mean()) if len(keep) else 1.0,
+               "informative_groups": int((~zero).sum()),
+               "sampling_rounds": info["sampling_rounds"], "prompts_sampled": n_groups,
+               "prompts_per_informative_group": n_groups / informative if informative else None,
+               "completion_length": info["completion_length"],   # every sampled completion
+               "clipped_ratio": info["clipped_ratio"],
+               "correct_completions": correct_completions(info["per_func"]),
+               "correct_mixed_groups": correct_mixed_groups(info["per_func"], G),   # sampled
+               "trained_correct_mixed": info["trained_correct_mixed"],   # of informative_groups
+               "train_dtype": "bfloat16" if bf16 else "float32",
+               "skipped": not learn, "step_seconds": seconds, "sampling_seconds": sampled - start,
+               "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds}
+        self.global_step += 1
+        return row
+
+    def _update(self, batch, mask, advantages, keep, rows_kept, old, bf16: bool):
+        """One optimizer update on the kept groups of ``batch``: the loss of each pass
+        (:meth:`compute_loss`) and its backward, the metrics reduced over the passes
+        (:func:`grpo_course.core.grpo.pass_means`), the penalty, and the optimizer step (:meth:`_optimizer_step`).
+        Returns its metrics and the ``old_per_token_logps`` for the batch's later updates (one
+        tensor per pass)."""
+        cfg, G = self.config, self.config.num_generations
+        metrics: dict[str, Any] = {"kl": 0.0, "entropy": float("nan"), "loss": 0.0,
+                                   "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
+                                   "clip_ratio/region_mean": 0.0}
+        loss = ref = None
+        with self._phase("logprobs"):
+            if cfg.beta != 0.0 and keep.any():
+                with torch.no_grad(), adapter_disabled(self.model), self.training_attention():
+                    ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
+                                          batch.completion_ids, mask, cfg.temperature)
+        # (the attention stays on through the backward pass: activation checkpointing recomputes
+        # the forward there)
+        with self._phase("forward_backward"), self.training_attention(), \
+                norms_cast_once(self.model, bf16):
+            # the kept groups, ``train_micro_batch // G`` (at least one) per forward/backward pass,
+            # all at once by default: each pass's loss is weighed by its share of the batch and its
+            # backward runs before the next pass, so one pass's activations are in memory at a time
+            groups = keep.nonzero().squeeze(1)
+            per_pass = len(groups) if cfg.train_micro_batch is None else cfg.train_micro_batch // G
+            passes = list(groups.split(max(per_pass, 1))) if len(groups) else []
+            olds = old if old is not None else [None] * len(passes)
+            old, sums = [], {}
+            for chunk, chunk_old in zip(passes, olds, strict=True):
+                in_pass = torch.zeros_like(keep)
+                in_pass[chunk] = True
+                part, chunk_old, part_sums = self.compute_loss(batch, mask, advantages, in_pass,
+                                                               chunk_old, ref, bf16)
+                if part.requires_grad:
+                    part.backward()
+                old.append(chunk_old)
+                for name, value in part_sums.items():
+                    sums[name] = sums.get(name, 0.0) + value
+            if passes:
+                metrics.update(pass_means(sums, cfg.loss_type, rows_kept, mask))
+                loss = torch.tensor(sums["loss"])
+            if self.penalty is not None:
+                extra = self.penalty(self.model)
+                metrics["penalty"] = float(extra.detach())
+                loss = extra if loss is None else loss + extra
+            if loss is not None:
+                if loss.requires_grad:
+                    loss.backward()
+                metrics["loss"] = float(loss.detach())
+        with self._phase("optimizer"):
+            metrics["grad_norm"] = self._optimizer_step()
+        metrics["skipped"] = loss is None
+        return metrics, old
+
+    def compute_loss(self, batch, mask, advantages, in_pass, old, ref, bf16: bool):
+        """The loss of one forward/backward pass over the groups ``in_pass``, weighed by its share
+        of the batch (TRL's ``compute_loss``; :meth:`_update` runs its backward). Returns it, the
+        pass's ``old_per_token_logps`` and its sums: the weighed loss, the real tokens, and the
+        token sums of the entropy, the sampler's log-prob gap and the loss's metrics."""
+        cfg, G = self.config, self.config.num_generations
+        rows = in_pass.repeat_interleave(G)
+        T = max(int(batch.completion_mask[rows].sum(1).max()), 1)
+        sub_mask = mask[rows][:, :T]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logps, entropy = per_token_logps(self.model, batch.prompt_ids[in_pass],
+                                             batch.prompt_mask[in_pass],
+                                             batch.completion_ids[rows, :T], sub_mask,
+                                             cfg.temperature, return_entropy=True)
+        sampler_logps = batch.sampling_logps[rows, :T]
+        if old is None:
+            # the sampler's log-probs are the old policy's only if it sampled at the training
+            # pass's precision; else the policy's own, before this batch's first update (TRL's
+            # choice: ratio 1 on the first update, no extra forward pass)
+            exact = not bf16 and batch.sampling_dtype == torch.float32
+            old = sampler_logps if exact else logps.detach()
+        part, part_metrics = grpo_loss(
+            logps, old, advantages[rows], sub_mask,
+            ref_per_token_logps=None if ref is None else ref[rows, :T],
+            beta=cfg.beta, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
+            loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length)
+        part = part * dropped_groups_scale(cfg.loss_type, rows, mask)
+        n_tok = float(sub_mask.sum())
+        gap = (logps.detach() - sampler_logps).abs() * sub_mask
+        sums = {"loss": float(part.detach()), "tokens": n_tok,
+                "entropy": float((entropy * sub_mask).sum()), "sampler_logp_gap": float(gap.sum())}
+        sums.update({k: v * n_tok for k, v in part_metrics.items() if k != "policy_loss"})
+        return part, old, sums
+
+    def _optimizer_step(self) -> float:
+        """Clip the gradient's norm and take one optimizer step (a skipped backward is a zero
+        gradient: AdamW still steps, as TRL's does); returns the norm before clipping."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def training_attention(self):
+        """The attention layers of the training pass, for a while: written out
+        (:func:`grpo_course.core.policy.course_attention`), except in low-memory mode, where the fused
+        kernel keeps less for the backward pass."""
+        return course_attention(self.model, not low_memory())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m grpo_course.core.train``: options in :mod:`grpo_course.core.cli` (``--help``)."""
+
+    try:
+        args, config, profile = parse_train_args(argv)
+        out = run_folder(args.out)
+        if config.train_offset < 0:
+            raise ConfigError(f"train_offset must be >= 0; got {config.train_offset}")
+        quiet_loading()
+        dataset = load_gsm8k("train", offset=config.train_offset)
+        if len(dataset) == 0:
+            raise ConfigError(f"no GSM8K train rows from train_offset {config.train_offset} on: "
+                              f"the file is empty or train_offset is past its end")
+        model, tokenizer = load_model(config.model)
+        if args.resume and (out / CHECKPOINT).is_dir():
+            trainer = CourseTrainer.resume(out / CHECKPOINT, model, tokenizer, dataset,
+                                           config=config, out_dir=out, profile=profile)
+        else:
+            trainer = CourseTrainer(model, tokenizer, config, dataset, out_dir=out,
+                                    profile=profile)
+    except (ValueError, RuntimeError, OSError) as exc:   # ConfigError, DataError, ModelError
+        return report(exc)
+    try:
+        trainer.train()          # config.max_steps: on --resume too, a flag wins over the checkpoint
+        trainer.save_model(out)
+        trainer.save_checkpoint(out / CHECKPOINT)
+    except (CourseError, OSError) as exc:                # RewardError, a full disk, ...
+        return report(exc)
+    except KeyboardInterrupt:                            # Ctrl-C: train() saved a checkpoint
+        print(f"stopped: continue with --resume --out {out}", file=sys.stderr)
+        return 130
+    print(json.dumps({"model": str(out), "steps": trainer.global_step,
+                      "sft_steps": trainer.sft_done}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

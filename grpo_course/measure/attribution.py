@@ -1,0 +1,255 @@
+"""What a training phase changed on held-out problems, beyond the final answer (chapter 3).
+
+Accuracy counts a final number, however it was reached. A 135M model's few correct GSM8K
+answers are mostly reached by wrong work that happens to land on the gold number, and which
+problems it "solves" that way changes with every small change of its weights; accuracy then
+cannot see what a phase taught. This module measures what it can see, per problem, so that two
+evaluations of the same problems can be compared pairwise:
+
+* :func:`step_f1` per record: the held-out counterpart of the dense ``intermediate_results``
+  reward (F1 between the results the work computes and the gold solution's step results), and
+  whether the work reaches at least one of them (``reached_step``);
+* :func:`grpo_course.core.arithmetic.arithmetic_check`: how many ``a op b = c`` equations of the work are arithmetically right;
+  a correct answer whose work has a wrong equation was not computed, it was guessed;
+* :func:`chance_baseline`: how often the gold answer is one operation away from two numbers of the
+  question, and what a uniform guess among those candidates scores;
+* :func:`solved_overlap`: how many problems two models both solve, against the overlap two
+  unrelated guessers with the same accuracies would have;
+* :func:`phase_changes`: all of the above for two models, each with its paired test.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from fractions import Fraction
+from typing import Any
+
+from grpo_course.core.answers import normalize_number
+from grpo_course.core.arithmetic import arithmetic_check
+from grpo_course.core.data import last_number, solution_results
+from grpo_course.core.rewards import score_completions, step_f1, weighted_sum
+from grpo_course.measure.evaluate import EvalResult
+from grpo_course.measure.stats import mcnemar_test, paired_difference
+
+_QUESTION_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def chance_candidates(question: str) -> set[Fraction]:
+    """The numbers of ``question`` and every ``a + b``, ``a - b``, ``a * b``, ``a / b`` of two of
+    them: the answers one operation away from the question."""
+    numbers = []
+    for raw in _QUESTION_NUMBER.findall(question):
+        value = normalize_number(raw)
+        if value is not None:
+            numbers.append(Fraction(value))
+    numbers = list(dict.fromkeys(numbers))
+    out = set(numbers)
+    for a, b in itertools.permutations(numbers, 2):
+        out |= {a + b, a - b, a * b}
+        if b:
+            out.add(a / b)
+    return out
+
+
+def chance_baseline(dataset) -> dict[str, Any]:
+    """How often the gold answer is one operation away from two numbers of the question and of
+    the row's ``start``, where it has one (``one_step_reachable``), and the accuracy of a guesser
+    that picks one of those candidates uniformly at random (``uniform_guess_accuracy``, its
+    expectation); at a start, also the accuracy of copying the start's last number
+    (``copy_last_accuracy``, ``None`` without starts)."""
+    reachable, expected, copied, starts = 0, 0.0, 0, 0
+    rows = list(dataset)
+    for row in rows:
+        start = row.get("start") or ""
+        candidates = chance_candidates(row["question"] + "\n" + start)
+        if Fraction(row["answer"]) in candidates:
+            reachable += 1
+            expected += 1 / len(candidates)
+        if "start" in row:
+            starts += 1
+            copied += last_number(start) == row["answer"]
+    n = len(rows)
+    return {"n": n, "one_step_reachable": reachable / n if n else 0.0,
+            "uniform_guess_accuracy": expected / n if n else 0.0,
+            "copy_last_accuracy": copied / starts if starts else None}
+
+
+def step_scores(result: EvalResult, dataset) -> list[float]:
+    """:func:`~grpo_course.core.rewards.step_f1` of every record against its gold solution
+    (``dataset`` holds the evaluated rows, with ``idx`` and ``solution``)."""
+    solutions = {row["idx"]: row["solution"] for row in dataset}
+    return [step_f1(r["completion"], solution_results(solutions[r["idx"]])) for r in result.records]
+
+
+def earned(record: dict[str, Any]) -> bool:
+    """A correct answer whose work shows at least one equation and no wrong one."""
+    right, wrong = arithmetic_check(record["completion"])
+    return bool(record["correct"]) and right > 0 and wrong == 0
+
+
+def solved_overlap(a: EvalResult, b: EvalResult) -> dict[str, float]:
+    """Problems both models solve, and how many two unrelated guessers with the same accuracies
+    would share by chance (``n * acc_a * acc_b``)."""
+    both = sum(1 for x, y in zip(a.records, b.records, strict=False) if x["correct"] and y["correct"])
+    return {"both": both, "a": a.correct, "b": b.correct,
+            "expected_if_unrelated": a.n * a.accuracy * b.accuracy}
+
+
+def paired_mcnemar(a: EvalResult, b: EvalResult, key: str) -> dict[str, Any]:
+    """McNemar's exact test of one right/wrong field of the records (``correct``, ``formatted``)
+    of two evaluations on the same problems."""
+    return mcnemar_test([r[key] for r in a.records], [r[key] for r in b.records])
+
+
+def phase_changes(a: EvalResult, b: EvalResult, dataset) -> dict[str, Any]:
+    """What changed from model A to model B on the same held-out problems: accuracy, format,
+    reaching a gold step (McNemar each), step F1 (paired difference), the share of right
+    equations and equations per problem, correct answers with right arithmetic, and the
+    overlap of the solved problems."""
+    if [r["idx"] for r in a.records] != [r["idx"] for r in b.records]:
+        raise ValueError("the two evaluations are not on the same problems")
+    f1_a, f1_b = step_scores(a, dataset), step_scores(b, dataset)
+    out: dict[str, Any] = {
+        "accuracy": paired_mcnemar(a, b, "correct"),
+        "format": paired_mcnemar(a, b, "formatted"),
+        "reached_step": mcnemar_test([f > 0 for f in f1_a], [f > 0 for f in f1_b]),
+        "step_f1": paired_difference(f1_a, f1_b),
+        "overlap": solved_overlap(a, b),
+    }
+    equations = {}
+    for tag, result, f1 in (("a", a, f1_a), ("b", b, f1_b)):
+        checks = [arithmetic_check(r["completion"]) for r in result.records]
+        right, wrong = sum(c[0] for c in checks), sum(c[1] for c in checks)
+        equations[tag] = [float(sum(c)) for c in checks]
+        out[tag] = {"reached_step": sum(f > 0 for f in f1) / len(f1), "step_f1": sum(f1) / len(f1),
+                    "right_equation_share": right / (right + wrong) if right + wrong else None,
+                    "equations_per_problem": (right + wrong) / len(checks),
+                    "format": result.format_rate,
+                    "correct": result.correct,
+                    "earned": sum(earned(r) for r in result.records)}
+    out["equations"] = paired_difference(equations["a"], equations["b"])
+    return out
+
+
+#: what a phase must show on a held-out slice to count as teaching gold steps without farming
+#: them (issue 42): step F1 up, gold step reached up, at most 10 % more equations per answer,
+#: a right-equation share at most 2 points lower, and format at or above 95 %
+NO_FARMING_BARS = {"alpha": 0.05, "max_equation_growth": 0.10, "max_right_share_drop": 0.02,
+                   "min_format": 0.95}
+
+
+def farming_checks(changes: dict[str, Any], bars: dict[str, float] = NO_FARMING_BARS
+                   ) -> dict[str, bool]:
+    """Each bar of :data:`NO_FARMING_BARS` passed or not by :func:`phase_changes`' ``changes``
+    (A the start, B after the phase)."""
+    a, b, reached = changes["a"], changes["b"], changes["reached_step"]
+    share_a, share_b = a["right_equation_share"] or 0.0, b["right_equation_share"] or 0.0
+    return {
+        "step_f1_up": changes["step_f1"]["lo"] > 0,
+        "gold_step_up": reached["b_only"] > reached["a_only"] and reached["p_value"] < bars["alpha"],
+        "equations_not_inflated": (b["equations_per_problem"]
+                                   <= (1 + bars["max_equation_growth"]) * a["equations_per_problem"]),
+        "right_share_kept": share_b >= share_a - bars["max_right_share_drop"],
+        "format_kept": b["format"] >= bars["min_format"],
+    }
+
+
+def held_out_rewards(result: EvalResult, dataset, weights: dict[str, float]) -> list[float]:
+    """Each evaluated answer's reward under ``weights`` (a recipe's ``reward_weights``), scored
+    against its problem's gold answer and solution: the trained reward, on problems it never
+    trained on."""
+    rows = list(dataset)
+    if len(rows) != len(result.records):
+        raise ValueError(f"{len(result.records)} answers for {len(rows)} problems")
+    scores = score_completions([r["completion"] for r in result.records],
+                               [row["answer"] for row in rows], names=list(weights),
+                               solutions=[row.get("solution") for row in rows])
+    return weighted_sum(scores, weights)
+
+
+def changes_table(changes: dict[str, Any], reward: dict[str, float] | None = None,
+                  chance: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One row per measure of :func:`phase_changes`' ``changes`` (A the start, B after): both
+    values, the change, and its test (a 95 % interval of a paired difference, or McNemar's p).
+    ``reward``: the :func:`paired_difference` of :func:`held_out_rewards`; ``chance``:
+    :func:`chance_baseline`, shown beside accuracy."""
+    a, b = changes["a"], changes["b"]
+
+    def paired(name, d, scale=1.0):
+        return {"measure": name, "start": scale * d["mean_a"], "after": scale * d["mean_b"],
+                "change": scale * d["difference"],
+                "test": f"95 % CI [{scale * d['lo']:+.3f}, {scale * d['hi']:+.3f}]"}
+
+    def mcnemar(name, key, share_a, share_b):
+        t = changes[key]
+        return {"measure": name, "start": 100 * share_a, "after": 100 * share_b,
+                "change": 100 * (share_b - share_a),
+                "test": f"McNemar +{t['b_only']} / -{t['a_only']}, p = {t['p_value']:.2g}"}
+
+    n = changes["step_f1"]["n"]
+    rows = [paired("the recipe's reward (mean)", reward)] if reward is not None else []
+    share_a, share_b = a["right_equation_share"] or 0.0, b["right_equation_share"] or 0.0
+    rows += [
+        mcnemar("format (%)", "format", a["format"], b["format"]),
+        mcnemar("reaches a gold step (%)", "reached_step", a["reached_step"], b["reached_step"]),
+        paired("step F1 (mean)", changes["step_f1"]),
+        {"measure": "right equations (% of equations)", "start": 100 * share_a,
+         "after": 100 * share_b, "change": 100 * (share_b - share_a), "test": "(no pairing)"},
+        paired("equations per answer", changes["equations"]),
+        {"measure": "correct with only right equations", "start": a["earned"],
+         "after": b["earned"], "change": b["earned"] - a["earned"], "test": "(counts)"},
+        mcnemar("accuracy (%)", "accuracy", a["correct"] / n, b["correct"] / n),
+    ]
+    if chance is not None:
+        guess = 100 * chance["uniform_guess_accuracy"]
+        rows.append({"measure": "accuracy of a chance guesser (%)", "start": guess,
+                     "after": guess, "change": 0.0,
+                     "test": "one operation on two numbers of the question"})
+    return rows
+
+
+#: what each bar of :func:`farming_checks` asks, in words
+BAR_WORDS = {"step_f1_up": "step F1 up (95 % interval above 0)",
+             "gold_step_up": "more answers reaching a gold step (McNemar p < 0.05)",
+             "equations_not_inflated": "at most 10 % more equations per answer",
+             "right_share_kept": "a right-equation share at most 2 points lower",
+             "format_kept": "format at least 95 %"}
+
+
+def failed_bars(checks: dict[str, bool]) -> str:
+    """:func:`farming_checks`' verdict in words: "passes every bar", or the bars it misses."""
+    missed = [BAR_WORDS[k] for k, ok in checks.items() if not ok]
+    return "passes every bar" if not missed else "misses " + "; ".join(missed)
+
+
+def recipe_rows(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """``bench/recipes.py``'s result as table rows (one per slice and recipe: the warm start's
+    value, the recipe's, and each paired test) and one verdict sentence per recipe, ending with
+    the recipes that pass every bar on every slice."""
+    rows, verdicts, clean = [], [], []
+    for name, recipe in bench["recipes"].items():
+        parts = []
+        for part, held in recipe["held_out"].items():
+            vs, checks = held["vs_warm_start"], held["checks"]
+            a, b = vs["a"], vs["b"]
+            rows.append({
+                "slice": part, "recipe": name, "steps": recipe["steps"],
+                "gold step % (warm)": 100 * a["reached_step"], "gold step %": 100 * b["reached_step"],
+                "gold step p": vs["reached_step"]["p_value"],
+                "step F1 change": vs["step_f1"]["difference"], "step F1 lo": vs["step_f1"]["lo"],
+                "equations (warm)": a["equations_per_problem"], "equations": b["equations_per_problem"],
+                "right eq. % (warm)": 100 * (a["right_equation_share"] or 0.0),
+                "right eq. %": 100 * (b["right_equation_share"] or 0.0),
+                "format %": 100 * held["format"], "accuracy % (warm)": 100 * a["correct"] / vs["step_f1"]["n"],
+                "accuracy %": 100 * held["accuracy"], "accuracy p": vs["accuracy"]["p_value"],
+                "bars passed": f"{sum(checks.values())}/{len(checks)}"})
+            parts.append(f"on rows {part} it {failed_bars(checks)} (gold step "
+                         f"{100 * a['reached_step']:.0f} → {100 * b['reached_step']:.0f} %, "
+                         f"equations per answer {a['equations_per_problem']:.1f} → "
+                         f"{b['equations_per_problem']:.1f})")
+        if all(all(h["checks"].values()) for h in recipe["held_out"].values()):
+            clean.append(name)
+        verdicts.append(f"`{name}`: " + ", and ".join(parts))
+    verdicts.append("recipes that pass every bar on every slice: " +
+                    (", ".join(f"`{n}`" for n in clean) if clean else "none"))
+    return rows, verdicts

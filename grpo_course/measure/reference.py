@@ -1,0 +1,98 @@
+"""The reference GRPO run's tests, fixed before its result was seen.
+
+The reference run (``recipes/reference_run.yaml``, trained by ``make reference-run`` into
+``data/runs/reference/``) is tested against the warm start it began from (its ``sft/``):
+
+* **the primary test**: sampled pass@1 with :data:`SAMPLES` samples per problem at temperature 1,
+  at one line left, on test rows 512-767 and 768-1023 (n = 256 each), paired over problems. It
+  passes where both slices rise with p < 0.05 and the trained policy's format rate is at least
+  95 % on both (:func:`primary_verdict`);
+* beside it, on the same problems: greedy accuracy with McNemar's test, pass@K from the same
+  samples, and the policy's entropy (the mean negative log-probability of its sampled tokens),
+  which together tell sharpening (pass@1 up, pass@K flat, entropy down) from new solutions (at
+  K = 8 only roughly: sharpening alone can raise pass@8 on problems solved in fewer than 1 sample
+  in 8; large K separates the two);
+* the transfer to two lines left and to whole problems (greedy, the first slice), reported
+  whatever it shows.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from grpo_course.config import PROFILES, START_BUDGETS, get_profile
+from grpo_course.core.loading import load_model
+from grpo_course.infra.memory import free_memory
+from grpo_course.infra.paths import project_root
+from grpo_course.measure.attribution import paired_mcnemar
+from grpo_course.measure.evaluate import compare_sampled, evaluate_model, evaluate_sampled, held_out_rows
+
+#: the committed reference run (the train CLI's layout: the final adapter, and ``sft/``)
+REFERENCE_RUN = project_root() / "data" / "runs" / "reference"
+#: the test fixed in advance: the full profile's sizes (``config.ReferenceSizes``)
+SLICES, SAMPLES = PROFILES["full"].ref.slices, PROFILES["full"].ref.samples
+TRANSFER = PROFILES["full"].ref.transfer
+LINES_LEFT = 1              # the start the run trained at
+ALPHA, MIN_FORMAT = 0.05, 0.95
+SEED = 1234                 # the samples' seed: the same for both models, every slice
+
+
+def sampled_test(before: str, after: str, rows, samples: int = SAMPLES,
+                 lines_left: int | None = LINES_LEFT, progress: bool = True) -> dict[str, Any]:
+    """Both models' sampled evaluation of ``rows`` and the paired difference of pass@1."""
+    budget = START_BUDGETS.get(lines_left, get_profile("full").eval.max_new_tokens)
+    a = evaluate_sampled(before, rows, samples, budget, seed=SEED, progress=progress)
+    free_memory()
+    b = evaluate_sampled(after, rows, samples, budget, seed=SEED, progress=progress)
+    free_memory()
+    return {"before": a.summary(), "after": b.summary(), **compare_sampled(a, b)}
+
+
+def greedy_test(before: str, after: str, rows, lines_left: int | None,
+                progress: bool = True) -> dict[str, Any]:
+    """Both models' greedy accuracy on ``rows`` (cached), and McNemar's exact test."""
+    budget = START_BUDGETS.get(lines_left, get_profile("full").eval.max_new_tokens)
+    results = []
+    for name in (before, after):
+        model, tok = load_model(name)
+        results.append(evaluate_model(model, tok, rows, max_new_tokens=budget, name=name,
+                                      progress=progress, cache=True))
+        del model
+        free_memory()
+    a, b = results
+    return {"n": a.n, "before": a.accuracy, "after": b.accuracy,
+            "format_before": a.format_rate, "format_after": b.format_rate,
+            "mcnemar": paired_mcnemar(a, b, "correct")}
+
+
+def primary_verdict(slices: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the primary test passed: pass@1 rose with p < :data:`ALPHA` on every slice and the
+    trained policy kept a format rate of at least :data:`MIN_FORMAT` on each."""
+    rose = [s["sampled"]["pass_at_1"]["difference"] > 0 and
+            s["sampled"]["pass_at_1"]["p_value"] < ALPHA for s in slices]
+    formatted = [s["sampled"]["after"]["format_rate"] >= MIN_FORMAT for s in slices]
+    return {"passed": all(rose) and all(formatted), "rose": rose, "format_ok": formatted}
+
+
+def reference_tests(run: str | Path = REFERENCE_RUN, slices=SLICES, samples: int = SAMPLES,
+                    transfer: bool = TRANSFER, progress: bool = True) -> dict[str, Any]:
+    """Every test of the module docstring on ``run`` against ``run/sft``."""
+    run = Path(run)
+    before, after = str(run / "sft"), str(run)
+    out: dict[str, Any] = {"run": str(run), "samples": samples, "lines_left": LINES_LEFT,
+                           "slices": []}
+    for lo, hi in slices:
+        rows = held_out_rows("test", hi - lo, lo, lines_left=LINES_LEFT)
+        out["slices"].append({"rows": [lo, hi], "n": len(rows),
+                              "sampled": sampled_test(before, after, rows, samples,
+                                                      progress=progress),
+                              "greedy": greedy_test(before, after, rows, LINES_LEFT, progress)})
+    out["verdict"] = primary_verdict(out["slices"])
+    if transfer:
+        lo, hi = slices[0]
+        out["transfer"] = {
+            name: {"rows": [lo, hi], **greedy_test(before, after,
+                                                   held_out_rows("test", hi - lo, lo, lines_left=k),
+                                                   k, progress)}
+            for name, k in (("two_lines_left", LINES_LEFT + 1), ("whole_problems", None))}
+    return out
