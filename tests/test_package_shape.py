@@ -212,3 +212,22 @@ def test_grpo_is_mathematics_on_tensors_and_imports_nothing_from_the_package():
     local = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
              and (n.level > 0 or (n.module or "").startswith("grpo_course"))]
     assert local == [], [ast.unparse(n) for n in local]
+
+
+def test_the_step_reads_like_the_algorithm():
+    """Issue 66: the step was spread over four methods with the CPU devices (bf16 weight copies,
+    attention and norm casts, micro-batches, tied-group skipping, the log row) between its lines.
+    Now ``step`` calls the algorithm's parts in order, and the devices sit in named helpers."""
+    tree = ast.parse((PACKAGE / "core" / "train.py").read_text(encoding="utf-8"))
+    trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CourseTrainer")
+    step = next(n for n in trainer.body if isinstance(n, ast.FunctionDef) and n.name == "step")
+    calls = [n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id
+             for n in sorted((n for n in ast.walk(step) if isinstance(n, ast.Call)
+                              and isinstance(n.func, (ast.Attribute, ast.Name))),
+                             key=lambda n: (n.lineno, n.col_offset))]
+    order = ["_generate_and_score_completions", "group_advantages", "_training_pass", "_update", "step_log"]
+    assert [c for c in calls if c in order] == order
+    devices = {"frozen_linear_weights_as", "norms_cast_once", "course_attention", "autocast",
+               "low_memory", "repeat_interleave", "zero_std_groups", "nonzero", "split"}
+    assert devices.isdisjoint(calls)
+    assert step.end_lineno - step.lineno + 1 <= 30

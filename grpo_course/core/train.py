@@ -1,19 +1,19 @@
 """The from-scratch GRPO trainer: sample -> reward -> advantages -> loss -> step.
 
-:class:`CourseTrainer` strings together :mod:`grpo_course.core.sampling`, :mod:`grpo_course.core.rewards`
-and :mod:`grpo_course.core.grpo` with TRL's names: :meth:`~CourseTrainer.step` samples and scores G
-completions per prompt (:meth:`~CourseTrainer._generate_and_score_completions`, resampling with
-``dynamic_sampling``), then runs ``num_iterations`` updates of the clipped loss
-(:meth:`~CourseTrainer.compute_loss`, one forward/backward pass at a time). LoRA by default; no
-reference model when ``beta == 0`` (else the same weights, adapter off). A sampler at the policy's
-precision gives the ``old_per_token_logps``; one in bf16 (TRL's choice when each batch is used
-once) leaves the policy's own, detached (ratio 1), and logs the gap as ``sampler_logp_gap``.
+:class:`CourseTrainer` strings together :mod:`~grpo_course.core.sampling`, :mod:`~grpo_course.core.rewards`
+and :mod:`~grpo_course.core.grpo` with TRL's names. :meth:`~CourseTrainer.step` reads in the algorithm's
+order: sample and score G completions per prompt (:meth:`~CourseTrainer._generate_and_score_completions`,
+resampling with ``dynamic_sampling``), advantages, ``num_iterations`` updates of the clipped loss
+(:meth:`~CourseTrainer.compute_loss` per forward/backward pass), the log row
+(:func:`~grpo_course.core.step_log.step_log`); the CPU devices sit in named helpers beside it. LoRA by
+default; no reference model when ``beta == 0`` (else the same weights, adapter off). A sampler at the
+policy's precision gives the ``old_per_token_logps``; one in bf16 (TRL's choice when each batch is
+used once) leaves the policy's own, detached (ratio 1), and logs the gap as ``sampler_logp_gap``.
 
-The warm-up is :mod:`grpo_course.core.sft`'s; the loop, log, pool, checkpoints and resuming are
-:mod:`grpo_course.core.checkpoints`' (mixed in). CLI: ``python -m grpo_course.core.train --profile full
---out DIR`` saves an adapter folder (:func:`grpo_course.core.loading.load_model` loads it), the
-warm-up's in ``DIR/sft`` and the resolved config in ``DIR/config.yaml``; every
-:class:`GRPOConfig` field is a flag and a YAML recipe key (:mod:`grpo_course.core.cli`).
+The warm-up is :mod:`~grpo_course.core.sft`'s; the loop, pool, checkpoints and resuming are
+:mod:`~grpo_course.core.checkpoints`' (mixed in). CLI: ``python -m grpo_course.core.train --out DIR``
+saves an adapter folder, the warm-up's in ``DIR/sft`` and the config in ``DIR/config.yaml``
+(every :class:`GRPOConfig` field is a flag and a recipe key: :mod:`~grpo_course.core.cli`).
 """
 from __future__ import annotations
 
@@ -48,9 +48,10 @@ from grpo_course.core.policy import (
     per_token_logps,
 )
 from grpo_course.core.precision import frozen_linear_weights_as, hold_frozen_weights_in
-from grpo_course.core.rewards import correct_completions, correct_mixed_groups, run_rewards, score_groups
+from grpo_course.core.rewards import correct_mixed_groups, run_rewards, score_groups
 from grpo_course.core.sampling import concat_batches, resolve_sampling_dtype, sample_completions
 from grpo_course.core.sft import SFTWarmup
+from grpo_course.core.step_log import step_log
 from grpo_course.infra.errors import CourseError, report
 from grpo_course.infra.memory import low_memory, trim_heap
 
@@ -192,96 +193,88 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         return resolve_sampling_dtype(self.config.train_dtype) == torch.bfloat16
 
     def step(self, rows: dict[str, list] | None = None) -> dict[str, Any]:
-        """One GRPO step: sample and score (:meth:`_generate_and_score_completions`), then
-        ``num_iterations`` optimizer updates on that batch. ``rows`` (columns ``question``,
-        ``answer``, ...) are the step's prompts; by default the next ones in ``prompt_order``."""
+        """One GRPO step, in the algorithm's order: sample and score G completions per prompt,
+        group-relative advantages, ``num_iterations`` updates of the clipped loss, the log row.
+        ``rows`` (columns ``question``, ``answer``, ...) are the step's prompts; by default the
+        next ones in ``prompt_order``."""
         cfg, G = self.config, self.config.num_generations
         trim_heap()                     # low-memory mode only: what the last step freed goes back
         start = time.perf_counter()
         if rows is None:
-            rows = self._next_rows(cfg.prompts_per_round if cfg.dynamic_sampling
-                                   else cfg.prompts_per_step)
-        batch, rewards, info = self._generate_and_score_completions(rows)
+            rows = self._next_rows(cfg.prompts_per_round if cfg.dynamic_sampling else cfg.prompts_per_step)
+        batch, rewards, info = self._generate_and_score_completions(rows)      # 1. sample, score
         sampled = time.perf_counter()
-        advantages = group_advantages(rewards, G, cfg.scale_rewards)
-        mask = batch.completion_mask
-        if cfg.mask_truncated_completions:       # a cut-off completion teaches nothing either way
-            mask = mask * (~batch.truncated).long()[:, None]
-        # With beta = 0 a group whose rewards are all equal has advantage 0 on every token, so its
-        # completions add exactly 0 to the loss and its gradient: leave them out of the forward
-        # and backward (``skip_zero_variance``) and rescale the loss so the update is unchanged.
-        zero = zero_std_groups(rewards, G)
-        keep = ~zero if (self.skip_zero_variance and cfg.beta == 0.0) else torch.ones_like(zero)
-        rows_kept = keep.repeat_interleave(G)
-        bf16 = self._train_in_bf16()
-        self.model.train()
-        updates = []
-        # where the base is not held in bf16 already (the warm-up in fp32, the GRPO pass in bf16):
-        # bf16 copies of the frozen weights, made once per step (not in low-memory mode: there
-        # autocast casts each weight as it is used, and no second copy of the model exists at once)
-        with frozen_linear_weights_as(self.model, torch.bfloat16 if bf16 and not low_memory() else None):
-            old = None
+        advantages = group_advantages(rewards, G, cfg.scale_rewards)            # 2. advantages
+        mask = self._loss_mask(batch)
+        trained = self._groups_to_train(rewards)
+        updates, old = [], None
+        with self._training_pass():                                            # 3. the updates
             for _ in range(cfg.num_iterations):
-                metrics, old = self._update(batch, mask, advantages, keep, rows_kept, old, bf16)
+                metrics, old = self._update(batch, mask, advantages, trained, old)
                 updates.append(metrics)
                 trim_heap()             # low-memory mode only: the update's freed blocks go back
-        metrics = {k: float(sum(u[k] for u in updates) / len(updates)) for k in updates[0]
-                   if k != "skipped"}
-        learn = not updates[0]["skipped"]
-        seconds = time.perf_counter() - start
-        n_tokens = int(batch.completion_mask.sum())
-        n_groups = info["prompts_sampled"]
-        informative = n_groups - round(info["frac_reward_zero_std"] * n_groups)
-        all_rewards = info["rewards"]
-        row = {"phase": "grpo", "step": self.global_step, **metrics,
-               "reward": float(all_rewards.mean()), "reward_std": float(all_rewards.std()),
-               **{f"rewards/{n}": float(r.mean()) for n, r in info["per_func"].items()},
-               "frac_reward_zero_std": info["frac_reward_zero_std"],
-               "frac_groups_dropped": float((~keep).float().mean()) if len(keep) else 1.0,
-               "informative_groups": int((~zero).sum()),
-               "sampling_rounds": info["sampling_rounds"], "prompts_sampled": n_groups,
-               "prompts_per_informative_group": n_groups / informative if informative else None,
-               "completion_length": info["completion_length"],   # every sampled completion
-               "clipped_ratio": info["clipped_ratio"],
-               "correct_completions": correct_completions(info["per_func"]),
-               "correct_mixed_groups": correct_mixed_groups(info["per_func"], G),   # sampled
-               "trained_correct_mixed": info["trained_correct_mixed"],   # of informative_groups
-               "train_dtype": "bfloat16" if bf16 else "float32",
-               "skipped": not learn, "step_seconds": seconds, "sampling_seconds": sampled - start,
-               "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds}
+        row = step_log(self.global_step, updates, info, rewards, trained, batch.completion_mask,
+                       G, self._train_in_bf16(), start, sampled)                # 4. the log row
         self.global_step += 1
         return row
 
-    def _update(self, batch, mask, advantages, keep, rows_kept, old, bf16: bool):
-        """One optimizer update on the kept groups of ``batch``: the loss of each pass
-        (:meth:`compute_loss`) and its backward, the metrics reduced over the passes
-        (:func:`grpo_course.core.grpo.pass_means`), the penalty, and the optimizer step (:meth:`_optimizer_step`).
-        Returns its metrics and the ``old_per_token_logps`` for the batch's later updates (one
-        tensor per pass)."""
-        cfg, G = self.config, self.config.num_generations
+    def _loss_mask(self, batch) -> torch.Tensor:
+        """The completion tokens the loss counts: all, or with ``mask_truncated_completions`` none
+        of a completion cut off at the budget (it teaches nothing either way)."""
+        if not self.config.mask_truncated_completions:
+            return batch.completion_mask
+        return batch.completion_mask * (~batch.truncated).long()[:, None]
+
+    def _groups_to_train(self, rewards: torch.Tensor) -> torch.Tensor:
+        """The groups [B / G] the updates pass through the model. With beta = 0 a group whose
+        rewards all tie has advantage 0 on every token, so it adds exactly 0 to the loss and its
+        gradient: it is left out (``skip_zero_variance``; saves its forward and backward) and
+        :func:`~grpo_course.core.grpo.dropped_groups_scale` keeps the update unchanged."""
+        zero = zero_std_groups(rewards, self.config.num_generations)
+        skip = self.skip_zero_variance and self.config.beta == 0.0
+        return ~zero if skip else torch.ones_like(zero)
+
+    @contextlib.contextmanager
+    def _training_pass(self):
+        """The model in train mode for one step's updates, with bf16 copies of the frozen base
+        made once for the step where the pass runs in bf16 and the base is not held in bf16
+        already (saves a cast of every frozen weight at each use; not in low-memory mode, where
+        autocast casts each weight as it is used and no second copy of the model exists)."""
+        self.model.train()
+        bf16 = self._train_in_bf16() and not low_memory()
+        with frozen_linear_weights_as(self.model, torch.bfloat16 if bf16 else None):
+            yield
+
+    def _passes(self, trained: torch.Tensor) -> list[torch.Tensor]:
+        """The trained groups in forward/backward passes of ``train_micro_batch // G`` groups (at
+        least one; all at once by default): one pass's activations in memory at a time."""
+        groups = trained.nonzero().squeeze(1)
+        micro = self.config.train_micro_batch
+        per_pass = len(groups) if micro is None else micro // self.config.num_generations
+        return list(groups.split(max(per_pass, 1))) if len(groups) else []
+
+    def _update(self, batch, mask, advantages, trained, old):
+        """One optimizer update on the ``trained`` groups of ``batch``: each pass's loss
+        (:meth:`compute_loss`) and backward, the metrics over the passes (``pass_means``), the
+        penalty, the optimizer step. Returns its metrics and the ``old_per_token_logps`` for the
+        batch's later updates (one tensor per pass)."""
+        cfg, bf16 = self.config, self._train_in_bf16()
         metrics: dict[str, Any] = {"kl": 0.0, "entropy": float("nan"), "loss": 0.0,
                                    "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
                                    "clip_ratio/region_mean": 0.0}
         loss = ref = None
         with self._phase("logprobs"):
-            if cfg.beta != 0.0 and keep.any():
+            if cfg.beta != 0.0 and trained.any():
                 with torch.no_grad(), adapter_disabled(self.model), self.training_attention():
                     ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
                                           batch.completion_ids, mask, cfg.temperature)
-        # (the attention stays on through the backward pass: activation checkpointing recomputes
-        # the forward there)
-        with self._phase("forward_backward"), self.training_attention(), \
-                norms_cast_once(self.model, bf16):
-            # the kept groups, ``train_micro_batch // G`` (at least one) per forward/backward pass,
-            # all at once by default: each pass's loss is weighed by its share of the batch and its
-            # backward runs before the next pass, so one pass's activations are in memory at a time
-            groups = keep.nonzero().squeeze(1)
-            per_pass = len(groups) if cfg.train_micro_batch is None else cfg.train_micro_batch // G
-            passes = list(groups.split(max(per_pass, 1))) if len(groups) else []
+        # (the CPU kernels stay on through the backward: activation checkpointing recomputes there)
+        with self._phase("forward_backward"), self._cpu_kernels(bf16):
+            passes = self._passes(trained)
             olds = old if old is not None else [None] * len(passes)
             old, sums = [], {}
             for chunk, chunk_old in zip(passes, olds, strict=True):
-                in_pass = torch.zeros_like(keep)
+                in_pass = torch.zeros_like(trained)
                 in_pass[chunk] = True
                 part, chunk_old, part_sums = self.compute_loss(batch, mask, advantages, in_pass,
                                                                chunk_old, ref, bf16)
@@ -291,7 +284,8 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                 for name, value in part_sums.items():
                     sums[name] = sums.get(name, 0.0) + value
             if passes:
-                metrics.update(pass_means(sums, cfg.loss_type, rows_kept, mask))
+                rows_trained = trained.repeat_interleave(cfg.num_generations)
+                metrics.update(pass_means(sums, cfg.loss_type, rows_trained, mask))
                 loss = torch.tensor(sums["loss"])
             if self.penalty is not None:
                 extra = self.penalty(self.model)
@@ -357,6 +351,13 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         (:func:`grpo_course.core.policy.course_attention`), except in low-memory mode, where the fused
         kernel keeps less for the backward pass."""
         return course_attention(self.model, not low_memory())
+
+    @contextlib.contextmanager
+    def _cpu_kernels(self, bf16: bool):
+        """The training pass's CPU kernels: the written-out attention (:meth:`training_attention`)
+        and, under bf16, each norm's output cast once (saves a cast at every later use)."""
+        with self.training_attention(), norms_cast_once(self.model, bf16):
+            yield
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,44 @@
+"""The GRPO step's log row, one dict a step (a line of ``metrics.jsonl``), with TRL's metric names
+where TRL has one (``reward``, ``rewards/<name>``, ``frac_reward_zero_std``, ``clip_ratio/...``,
+``completion_length``, ``entropy``, ``kl``, ``grad_norm``)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from grpo_course.core.grpo import zero_std_groups
+from grpo_course.core.rewards import correct_completions, correct_mixed_groups
+
+
+def step_log(step: int, updates: list[dict[str, Any]], info: dict[str, Any], rewards: torch.Tensor,
+             trained: torch.Tensor, completion_mask: torch.Tensor, G: int, bf16: bool,
+             start: float, sampled: float, end: float | None = None) -> dict[str, Any]:
+    """The row of GRPO step ``step``: the updates' metrics averaged, what every sampled completion
+    scored (``info`` from ``_generate_and_score_completions``), the training batch's ``rewards``
+    and ``trained`` groups, and the step's times (``time.perf_counter()`` at its start, after
+    sampling and, by default, now)."""
+    metrics = {k: float(sum(u[k] for u in updates) / len(updates)) for k in updates[0] if k != "skipped"}
+    seconds = (time.perf_counter() if end is None else end) - start
+    n_tokens = int(completion_mask.sum())
+    n_groups = info["prompts_sampled"]
+    informative = n_groups - round(info["frac_reward_zero_std"] * n_groups)
+    all_rewards = info["rewards"]
+    return {"phase": "grpo", "step": step, **metrics,
+            "reward": float(all_rewards.mean()), "reward_std": float(all_rewards.std()),
+            **{f"rewards/{n}": float(r.mean()) for n, r in info["per_func"].items()},
+            "frac_reward_zero_std": info["frac_reward_zero_std"],
+            "frac_groups_dropped": float((~trained).float().mean()) if len(trained) else 1.0,
+            "informative_groups": int((~zero_std_groups(rewards, G)).sum()),
+            "sampling_rounds": info["sampling_rounds"], "prompts_sampled": n_groups,
+            "prompts_per_informative_group": n_groups / informative if informative else None,
+            "completion_length": info["completion_length"],   # every sampled completion
+            "clipped_ratio": info["clipped_ratio"],
+            "correct_completions": correct_completions(info["per_func"]),
+            "correct_mixed_groups": correct_mixed_groups(info["per_func"], G),   # sampled
+            "trained_correct_mixed": info["trained_correct_mixed"],   # of informative_groups
+            "train_dtype": "bfloat16" if bf16 else "float32",
+            "skipped": updates[0]["skipped"], "step_seconds": seconds,
+            "sampling_seconds": sampled - start,
+            "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds}
