@@ -1,7 +1,10 @@
 """grpo_course: the helper package of the course "GRPO on a CPU".
 
-One module per chapter topic (see the README's module map). Import what you
-need, e.g. ``from grpo_course.core.data import load_gsm8k``.
+Five layers, one folder each (the README's module map): ``infra`` (paths, the machine, memory,
+atomic files, cache keys), ``core`` (the algorithm), ``measure`` (evaluation and statistics),
+``topics`` (one chapter's subject each) and ``book`` (the book's own tooling), with ``config``
+beside them. Import what you need from its home, e.g.
+``from grpo_course.core.data import load_gsm8k``.
 """
 __version__ = "0.1.0"
 

@@ -1,4 +1,5 @@
-"""Held-out GSM8K evaluation: greedy answers, accuracy, format rate, 95 % intervals.
+"""Held-out GSM8K evaluation: greedy answers (accuracy, format rate, 95 % intervals) and sampled
+answers (``--samples K``: pass@1 and pass@K with intervals, paired against ``--compare``).
 
 CLI::
 
