@@ -85,6 +85,18 @@ def test_prose_quotes_glued_values_that_are_computed_before_it(path):
     assert not problems, f"{path.name}: " + "; ".join(problems)
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_chapter_that_quotes_glued_values_imports_glued(path):
+    """JupyterLab evaluates each {eval}`glued.name` in the kernel: without ``glued`` imported
+    every quoted number shows a NameError (ruff's F401 fix once removed it from chapter 3)."""
+    import re
+
+    nb = nbformat.read(path, as_version=4)
+    quotes = any("{eval}`glued." in c.source for c in nb.cells if c.cell_type == "markdown")
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert not quotes or re.search(r"from grpo_course\.book\.glue import [^\n]*\bglued\b", code)
+
+
 def _glossary_terms() -> set[str]:
     """The terms of book/glossary.md's ``{glossary}`` block: its unindented lines."""
     import re
