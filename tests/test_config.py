@@ -100,7 +100,7 @@ def test_every_profile_section_field_is_read_somewhere():
     from grpo_course.config import Profile
 
     root = Path(__file__).resolve().parents[1]
-    text = "\n".join(p.read_text() for pattern in ("notebooks/*.ipynb", "grpo_course/*.py")
+    text = "\n".join(p.read_text() for pattern in ("notebooks/*.ipynb", "grpo_course/**/*.py")
                      for p in root.glob(pattern) if p.name != "config.py")
     text += (root / "grpo_course" / "config.py").read_text().split("class Profile:")[1]
     sections = [f for f in dataclasses.fields(Profile) if f.default_factory is not dataclasses.MISSING]
