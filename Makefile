@@ -86,11 +86,12 @@ unit: model lint
 	$(BIN)/python -m pytest tests -q -m "not slow and not browser and not colab_install" --durations=5
 	$(BIN)/python -m pytest tests -q -m "slow and not browser and not fullsize and not colab_install" --durations=0
 
-# A contributor's quick loop (a few minutes on 2 cores): lint, the fast unit tests (no real model
-# loaded, no fresh venvs, no browser), and chapter 1 on the smoke profile. `make test` is the full check.
+# A contributor's quick loop (at most 3 minutes on 2 cores): lint, the fast unit tests (no real model,
+# no tiny-model training runs or subprocesses: marker heavy, no fresh venvs, no browser), and chapter 1
+# on the smoke profile. `make test` is the full check.
 QUICK_SRC := .quick-book
 quick: model lint
-	$(BIN)/python -m pytest tests -q -x -m "not slow and not browser and not colab_install and not fullsize"
+	$(BIN)/python -m pytest tests -q -x -m "not slow and not heavy and not browser and not colab_install and not fullsize"
 	rm -rf $(QUICK_SRC) && mkdir -p $(QUICK_SRC)
 	cp -r _config.yml _toc.yml book notebooks $(QUICK_SRC)/
 	GRPO_COURSE_PROFILE=smoke $(BIN)/python -m pytest -q -p no:cacheprovider --nbmake \

@@ -169,6 +169,7 @@ def _errors(cell) -> list[str]:
     return [o["ename"] for o in cell.get("outputs", []) if o["output_type"] == "error"]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=[c.name[:2] for c in CHAPTERS])
 def test_the_assignment_grades_unsolved_and_solved_within_the_timeout(chapter, built, capsys,
                                                                      record_property):

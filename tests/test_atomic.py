@@ -132,6 +132,7 @@ def torn_save_file(monkeypatch, module) -> None:
     monkeypatch.setattr(module, "save_file", torn)
 
 
+@pytest.mark.heavy
 def test_save_quantized_interrupted_keeps_the_old_variant(tmp_path, monkeypatch):
     from grpo_course.topics import quantize as Q
 

@@ -208,6 +208,7 @@ def test_train_corrupt_adapter_as_model(tiny_folders, folders, tmp_path, capsys,
     one_line(capsys, str(tiny_folders["adapter"]), "SafetensorError")
 
 
+@pytest.mark.heavy
 def test_train_cli_runs_the_reverse_curriculum_recipe(train_main, tmp_path, capsys):
     import yaml
 
@@ -250,6 +251,7 @@ def test_train_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(train_main, tmp_
     assert [line for line in lines if line.strip()] == [f"stopped: continue with --resume --out {out}"]
 
 
+@pytest.mark.heavy
 def test_train_cli_in_a_subprocess_prints_one_line(tmp_path):
     (tmp_path / "afile").write_text("x")
     proc = subprocess.run([sys.executable, "-m", "grpo_course.core.train", "--profile", "smoke",

@@ -166,6 +166,7 @@ def test_per_token_logps_shared_prompt_equals_full_forward():
     torch.testing.assert_close(shared, repeated, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.heavy
 def test_chunked_logps_give_the_full_logits_gradient(monkeypatch):
     """Logits made a few rows at a time (checkpointed) give the same values and gradients."""
     import grpo_course.core.policy as G_
@@ -188,6 +189,7 @@ def test_chunked_logps_give_the_full_logits_gradient(monkeypatch):
         torch.testing.assert_close(x, y, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("shared_prompt", [True, False])
 def test_course_attention_gives_sdpas_logps_and_gradients(shared_prompt):
     """The written-out grouped-query attention of the training pass: the same log-probs and
@@ -239,6 +241,7 @@ class PhaseTimer:
         return contextlib.nullcontext()
 
 
+@pytest.mark.heavy
 def test_trainer_logs_and_learns_something(tmp_path):
     trainer = _trainer(tmp_path)
     trainer.timer = PhaseTimer()
@@ -266,6 +269,7 @@ def _trainable(trainer) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
 
 
+@pytest.mark.heavy
 def test_resume_reproduces_the_run(tmp_path):
     """Resuming from a checkpoint continues the same run: the same samples (rewards, lengths),
     the same gradients and, at the end, the same trainable weights. (On a batch's first update
@@ -297,6 +301,7 @@ def test_resume_reproduces_the_run(tmp_path):
         torch.testing.assert_close(again[n], end[n], atol=1e-6, rtol=1e-5, msg=n)
 
 
+@pytest.mark.heavy
 def test_beta_uses_adapter_disabled_reference_and_penalty():
     """With beta > 0 the reference is the base (adapter off): KL 0 while the adapter is the
     identity, > 0 once it moved. A penalty is logged and added to the loss."""
@@ -327,6 +332,7 @@ def test_beta_uses_adapter_disabled_reference_and_penalty():
     assert b["grad_norm"] != pytest.approx(a["grad_norm"], rel=1e-3)   # its gradient is used
 
 
+@pytest.mark.heavy
 def test_sft_warmup_lowers_loss():
     trainer = _trainer(sft_steps=6, sft_batch_size=3, sft_learning_rate=5e-2, max_steps=0)
     rows = trainer.train()
@@ -405,6 +411,7 @@ def test_unknown_reward_name():
                       datasets.Dataset.from_list(ROWS))
 
 
+@pytest.mark.heavy
 def test_zero_variance_batch_skips_backward_unless_asked():
     import datasets
 
@@ -428,6 +435,7 @@ def test_zero_variance_batch_skips_backward_unless_asked():
     assert row["frac_groups_dropped"] == 0.0
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 def test_dropping_zero_variance_groups_leaves_the_update_unchanged(loss_type):
     """Group 0 has equal rewards (advantage 0), group 1 does not: computing only group 1
@@ -459,6 +467,7 @@ def test_dropping_zero_variance_groups_leaves_the_update_unchanged(loss_type):
         torch.testing.assert_close(p_lazy[name], p_full[name], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 def test_micro_batches_take_the_same_update(loss_type):
     """Three groups (the first tied, so left out), two updates per sampled batch: trained one
@@ -511,6 +520,7 @@ def _logged(folder) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
+@pytest.mark.heavy
 def test_a_run_interrupted_during_sft_resumes_exactly(tmp_path, monkeypatch, capsys):
     """Ctrl-C in the middle of an SFT step (after it drew random numbers), then ``resume``:
     the same metrics rows (SFT losses, then GRPO rewards and gradients) and the same adapter
@@ -554,6 +564,7 @@ def test_a_run_interrupted_during_sft_resumes_exactly(tmp_path, monkeypatch, cap
         assert torch.equal(again[n], end[n]), n
 
 
+@pytest.mark.heavy
 def test_sft_checkpoint_without_the_sft_optimizer_would_differ(tmp_path, monkeypatch):
     """The check above can fail: resuming the same interruption with a fresh SFT optimizer
     (what checkpoints held before) ends with different weights."""

@@ -137,6 +137,7 @@ print((rss() - before) / 2**20)
 """
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_return_freed_memory_hands_freed_tensors_back():
     # Without the fix what the heap keeps depends on where glibc placed the blocks, and varies
@@ -190,6 +191,7 @@ print(trim_heap() / 2**20)
 """
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
 def test_trim_heap_hands_the_holes_of_the_heap_back():
     assert _last_number(HOLES, "0") == 0          # where memory is not given back it does nothing
@@ -221,6 +223,7 @@ def test_memory_table_says_which_chapters_are_over_the_binder_limit():
     assert verdict({"results": {}}, limit) == "The binder profile was not measured."
 
 
+@pytest.mark.heavy
 def test_importing_the_package_caps_onednn_kernel_caches():
     """Every process that imports grpo_course caps oneDNN's kernel caches (a value the environment
     already sets is kept)."""

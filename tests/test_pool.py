@@ -112,6 +112,7 @@ def test_correct_mixed_groups_leave_format_spreads_out():
     assert correct_mixed_groups({}, 2) is None
 
 
+@pytest.mark.heavy
 def test_a_step_logs_the_trained_groups_mixed_on_correctness():
     from tests.helpers import tiny_trainer as make
     row = make(dynamic_sampling=True, dynamic_sampling_reward="correctness").step()

@@ -131,6 +131,7 @@ def test_norms_cast_once_same_logps_and_close_gradients():
     assert q.cast_input_dtype_enabled                              # peft's own cast is back
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_frozen_output_layer_gradient_formed_in_the_forward_pass(monkeypatch, temperature):
     """With the output layer frozen (LoRA), each token's log-prob gradient with respect to its

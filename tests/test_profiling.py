@@ -62,6 +62,7 @@ def stand_in_step(model, tokenizer, optimizer, timer, G: int = 2, T: int = 6, se
 
 
 # ---------------------------------------------------------------- phase timer
+@pytest.mark.heavy
 def test_phases_sum_to_step_time(bundled_tokenizer):
     model = tiny_llama(bundled_tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -86,6 +87,7 @@ def test_phases_sum_to_step_time(bundled_tokenizer):
     assert timer.counts["optimizer"] == 3
 
 
+@pytest.mark.heavy
 def test_timer_does_not_change_training(bundled_tokenizer):
     results = []
     for timer in (NullTimer(), prof.PhaseTimer()):
@@ -216,6 +218,7 @@ def test_run_with_threads_and_omp_order():
 
 
 # ---------------------------------------------------------------- the course trainer
+@pytest.mark.heavy
 def test_course_trainer_phases_and_unchanged_results(bundled_tokenizer):
     train = pytest.importorskip("grpo_course.core.train")
     from grpo_course.config import GRPOConfig

@@ -87,6 +87,7 @@ def test_set_repository_moves_every_link_at_once(tmp_path):
         assert "https://github.com/someone/my-fork" in [c for c in nb.cells if c.cell_type == "code"][0].source
 
 
+@pytest.mark.heavy
 def test_publish_cli_answers_a_bad_url_in_one_line(tmp_path):
     import subprocess
     import sys

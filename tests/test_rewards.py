@@ -192,6 +192,7 @@ golds = st.one_of(st.sampled_from(["18", "0", "-3", "0.75", "100000", "1000.5"])
 @settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=st.lists(st.tuples(completions, golds), min_size=1, max_size=4),
        fmt=st.sampled_from([HASH_FORMAT, TAG_FORMAT]))
+@pytest.mark.heavy
 def test_every_reward_returns_one_finite_float_per_completion(batch, fmt):
     comps = [c for c, _ in batch]
     answers = [g for _, g in batch]

@@ -17,6 +17,7 @@ def tiny():
 PROMPTS = ["what is 2+3?", "a much longer prompt, 7*8=?"]
 
 
+@pytest.mark.heavy
 def test_fast_path_matches_transformers(tiny):
     model, tok = tiny
     assert supports_fast_path(model)
@@ -27,6 +28,7 @@ def test_fast_path_matches_transformers(tiny):
     torch.testing.assert_close(a.sampling_logps, b.sampling_logps, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.heavy
 def test_deterministic_under_seed(tiny):
     model, tok = tiny
     a = sample_completions(model, tok, PROMPTS, 4, 16, seed=123)
@@ -47,6 +49,7 @@ def test_shapes_and_grouping(tiny):
     assert (s.sampling_logps[s.completion_mask == 0] == 0).all()
 
 
+@pytest.mark.heavy
 def test_honours_eos():
     """Bias the head towards EOS: every row stops there, the mask ends with it, pads follow."""
     model, tok = tiny_model(seed=1), tiny_tokenizer()
@@ -136,6 +139,7 @@ def test_greedy_and_left_padding(tiny):
     assert torch.equal(alone.completion_ids[0, :n], padded.completion_ids[0, :n])
 
 
+@pytest.mark.heavy
 def test_lora_delta_is_used(tiny):
     """The fast path sees the LoRA adapter's weights (and not when it is disabled)."""
     from peft import LoraConfig, get_peft_model
@@ -164,6 +168,7 @@ def test_bad_arguments(tiny):
         sample_completions(model, tok, PROMPTS, 2, 0)
 
 
+@pytest.mark.heavy
 def test_bf16_sampler_stays_close_to_fp32(tiny):
     """The bf16 weight snapshot (the fast CPU default) decodes the same model: greedy tokens
     agree, and the per-token log-probs differ by bf16 rounding only."""

@@ -147,6 +147,7 @@ def sampled(monkeypatch) -> list:
     return batches
 
 
+@pytest.mark.heavy
 def test_truncated_completion(fp32_case, grpo_step, monkeypatch):
     """Groups in which a completion hits max_completion_length: the full profile masks it out
     of the loss (mask_truncated_completions), and both steps must agree on that."""
@@ -160,6 +161,7 @@ def test_truncated_completion(fp32_case, grpo_step, monkeypatch):
     assert_same_step(result)
 
 
+@pytest.mark.heavy
 def test_kl_penalty_and_two_updates_per_batch(fp32_case, grpo_step):
     """beta > 0 (the reference: the adapter switched off) and mu = 2 (the second update's ratio
     has left 1, so the clip can bind): the same update by hand and by the trainer."""
@@ -200,6 +202,7 @@ def tied_step(case: Case, grpo_step, monkeypatch) -> dict:
     return case.results["tied"]
 
 
+@pytest.mark.heavy
 def test_tied_group_left_out_and_micro_batches(fp32_case, grpo_step, monkeypatch):
     """A tied group and two informative ones, trained one group per forward/backward pass (the
     full profile's train_micro_batch = G), against one pass over the whole batch by hand."""

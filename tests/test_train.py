@@ -35,6 +35,7 @@ def tie_unless_odd(completions, answer=None, **kw):
 
 
 # ---------------------------------------------------------------- dynamic sampling
+@pytest.mark.heavy
 def test_dynamic_sampling_fills_the_step_with_informative_groups():
     # answers 3, 7, 11, 15, 4, 10: only the first four prompts can give unequal rewards
     rows = [{**r, "answer": a} for r, a in zip(ROWS, ["4", "3", "10", "7", "11", "15"], strict=False)]
@@ -60,6 +61,7 @@ def test_dynamic_sampling_stops_at_its_round_cap():
     assert row["prompts_per_informative_group"] is None
 
 
+@pytest.mark.heavy
 def test_dynamic_sampling_filters_on_the_named_reward():
     # "length" differs in every group; "odd" ties for the even answers (4, 10). Filtering on the
     # total reward keeps the first two prompts; filtering on "odd" (DAPO's accuracy filter) sets
@@ -96,6 +98,7 @@ def test_a_wide_round_with_no_informative_group_trains_on_nothing():
     assert row["prompts_sampled"] == 8 and row["informative_groups"] == 0 and row["skipped"]
 
 
+@pytest.mark.heavy
 def test_the_filter_reward_is_scored_even_with_no_weight():
     cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=6,
                      reward_weights={"correctness": 1.0}, dynamic_sampling=True,
@@ -107,6 +110,7 @@ def test_the_filter_reward_is_scored_even_with_no_weight():
     assert "rewards/intermediate_results" in row          # logged, weighed 0 in the reward
 
 
+@pytest.mark.heavy
 def test_generation_batch_size_samples_wide_and_trains_on_a_step():
     rows = [{**r, "answer": a} for r, a in zip(ROWS, ["4", "3", "10", "7", "11", "15"], strict=False)]
     trainer = _trainer(rows, tie_unless_odd, dynamic_sampling=True, max_sampling_rounds=2,
@@ -126,6 +130,7 @@ def test_wide_sampling_options_are_checked(changes, words):
         GRPOConfig(**{"num_generations": 4, "per_step_completions": 4, **changes})
 
 
+@pytest.mark.heavy
 def test_concatenated_batches_score_as_their_parts():
     model, tok = tiny_model(), tiny_tokenizer()
     a = sample_completions(model, tok, ["abc", "hello there"], 2, 5, seed=0)
@@ -160,6 +165,7 @@ def test_sequential_prompt_order_is_the_data_sets_order():
 
 
 # ---------------------------------------------------------------- num_iterations
+@pytest.mark.heavy
 def test_num_iterations_reuses_the_batch_and_the_ratio_leaves_one():
     one = _trainer(learning_rate=5e-2)
     two = _trainer(learning_rate=5e-2, num_iterations=2, epsilon_low=0.01, epsilon_high=0.01)
@@ -174,6 +180,7 @@ def test_num_iterations_reuses_the_batch_and_the_ratio_leaves_one():
 
 
 # ---------------------------------------------------------------- truncated completions
+@pytest.mark.heavy
 def test_masked_truncated_completions_add_no_loss():
     # 2 new tokens: the random tiny model almost never stops, so (nearly) every completion is cut
     masked = _trainer(max_completion_length=2, mask_truncated_completions=True)
@@ -186,6 +193,7 @@ def test_masked_truncated_completions_add_no_loss():
 
 
 # ---------------------------------------------------------------- bf16 training pass
+@pytest.mark.heavy
 def test_bf16_training_pass_matches_fp32_within_tolerance():
     """Loss within 2e-2 absolute and gradients with cosine similarity > 0.98 (bf16 keeps
     8 bits of mantissa; the LoRA masters, the log-softmax and AdamW stay fp32)."""
@@ -240,6 +248,7 @@ def test_gradient_checkpointing_takes_the_same_step():
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.heavy
 def test_fork_shares_frozen_weights_and_trains_on_its_own():
     trainer = _trainer()
     fork = trainer.fork()
@@ -255,6 +264,7 @@ def test_fork_shares_frozen_weights_and_trains_on_its_own():
 
 
 # ---------------------------------------------------------------- the training pass's attention
+@pytest.mark.heavy
 @pytest.mark.parametrize("low", [False, True])
 def test_training_pass_attention_is_written_out_except_in_low_memory_mode(monkeypatch, low):
     """The GRPO training pass runs grouped_query_attention (faster on a CPU at these lengths),

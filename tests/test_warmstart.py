@@ -102,6 +102,7 @@ def test_otherwise_the_recipe_is_trained_once_and_reused(fake_training):
 
 
 # ---------------------------------------------------------------- the shared warm start
+@pytest.mark.heavy
 def test_warm_start_trains_once_and_start_from_loads_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path))
     monkeypatch.setattr(warmstart, "load_model", lambda name: (tiny_model(), tiny_tokenizer()))
