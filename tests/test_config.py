@@ -76,7 +76,8 @@ def test_full_grpo_steps_are_sized_to_the_cpu(monkeypatch):
 
 def test_full_live_samples_are_sized_to_the_cpu(monkeypatch):
     """Chapter 3's second page samples less where sampling runs in fp32, within its 15 minutes."""
-    from grpo_course import config, hardware
+    from grpo_course import config
+    from grpo_course.infra import hardware
 
     monkeypatch.setattr(hardware, "native_bf16", lambda: True)
     fast = config.full_live_samples()
