@@ -535,6 +535,18 @@ def full_live_samples() -> dict[str, int]:
     return FULL_LIVE_SAMPLES[cpu_kind()]
 
 
+#: Chapter 5's GRPO steps per stage and held-out problems per task on the full profile, sized like
+#: :data:`FULL_GRPO_STEPS`: its eight stage runs sample in every step and its greedy evaluations
+#: decode up to 200 tokens, both slower in fp32.
+FULL_CURRICULUM = {"native_bf16": {"steps_per_stage": 3, "eval_n": 128},
+                   "fp32": {"steps_per_stage": 2, "eval_n": 64}}
+
+
+def full_curriculum() -> dict[str, int]:
+    """The full profile's chapter-5 sizes on this machine (:data:`FULL_CURRICULUM`)."""
+    return FULL_CURRICULUM[cpu_kind()]
+
+
 #: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),
 #: read from the recipe that a student runs from the shell: ``recipes/grpo_levers.yaml``.
 GRPO_LEVERS: dict[str, Any] = load_recipe(RECIPES_DIR / "grpo_levers.yaml")
@@ -594,6 +606,8 @@ PROFILES: dict[str, Profile] = {
         # backward pass: recomputed instead, the chapter stays within an 8 GB laptop's memory
         loop=LoopSizes(changes={"max_completion_length": 96, "gradient_checkpointing": True}),
         trl=TRLSizes(micro_batch=2),
+        # chapter 5: FULL_CURRICULUM, more where the CPU has native bf16
+        cl=CurriculumSizes(**full_curriculum()),
         # chapter 7: the step under torch.profiler trains one group (it keeps every event in
         # memory), and the all-position-logits pass takes half a group (the whole batch's
         # [32, L, vocab] fp32 logits and their gradient are several GiB)

@@ -91,6 +91,23 @@ def test_full_live_samples_are_sized_to_the_cpu(monkeypatch):
     assert (full.start.samples, full.ref.live_problems) == tuple(config.full_live_samples().values())
 
 
+def test_full_curriculum_is_sized_to_the_cpu(monkeypatch):
+    """Chapter 5 trains fewer steps per stage and evaluates fewer problems where it runs in fp32,
+    within its 15 minutes; the smoke profile stays below both."""
+    from grpo_course import config
+    from grpo_course.infra import hardware
+
+    monkeypatch.setattr(hardware, "native_bf16", lambda: True)
+    fast = config.full_curriculum()
+    monkeypatch.setattr(hardware, "native_bf16", lambda: False)
+    slow = config.full_curriculum()
+    assert fast == config.FULL_CURRICULUM["native_bf16"] and slow == config.FULL_CURRICULUM["fp32"]
+    assert all(fast[k] >= slow[k] > getattr(PROFILES["smoke"].cl, k) for k in slow)
+    monkeypatch.undo()
+    cl = PROFILES["full"].cl
+    assert {k: getattr(cl, k) for k in slow} == config.full_curriculum()
+
+
 def test_every_profile_section_field_is_read_somewhere():
     """No dead fields: each chapter section's fields are read by a chapter or the package
     (``P.quant.eval_n``, ``self.short.num_generations``, ``profile.quant.policy_steps``)."""
