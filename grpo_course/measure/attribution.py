@@ -219,7 +219,9 @@ BAR_WORDS = {"step_f1_up": "step F1 up (95 % interval above 0)",
 def failed_bars(checks: dict[str, bool]) -> str:
     """:func:`farming_checks`' verdict in words: "passes every bar", or the bars it misses."""
     missed = [BAR_WORDS[k] for k, ok in checks.items() if not ok]
-    return "passes every bar" if not missed else "misses " + "; ".join(missed)
+    if not missed:
+        return "passes every bar"
+    return f"misses {len(missed)} of {len(checks)} bars: " + "; ".join(missed)
 
 
 def recipe_rows(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
