@@ -113,7 +113,7 @@ def test_a_chapter_whose_exercise_lacks_its_prose_or_its_check_is_refused():
 
 
 def test_a_graded_check_fails_the_stub_and_passes_a_solution():
-    check = graded_check("from grpo_course import exercises\n\n"
+    check = graded_check("from grpo_course.book import exercises\n\n"
                          "exercises.check(roofline_bound, exercises.roofline_bound,\n"
                          "                exercises.roofline_cases())")
     stub = "def roofline_bound(i, p, b):\n    raise NotImplementedError\n"
