@@ -92,8 +92,8 @@ def test_full_live_samples_are_sized_to_the_cpu(monkeypatch):
 
 
 def test_full_curriculum_is_sized_to_the_cpu(monkeypatch):
-    """Chapter 5 trains fewer steps per stage and evaluates fewer problems where it runs in fp32,
-    within its 15 minutes; the smoke profile stays below both."""
+    """Chapter 5 trains fewer steps per stage and evaluates fewer problems where it runs in fp32
+    (slower); the smoke profile stays below both."""
     from grpo_course import config
     from grpo_course.infra import hardware
 
