@@ -34,7 +34,7 @@ def lab():
     folder = Path(tempfile.mkdtemp(prefix="lab-"))
     nb = nbformat.v4.new_notebook()
     nb.cells = [
-        nbformat.v4.new_code_cell('from grpo_course.book.plotting import glue, glued\n'
+        nbformat.v4.new_code_cell('from grpo_course.book.glue import glue, glued\n'
                                   'glue("acc", 12.345, fmt=".1f")\nglue("verdict", "not significant")'),
         nbformat.v4.new_markdown_cell("Accuracy {eval}`glued.acc` % — {eval}`glued.verdict`.\n\n"
                                       ":::{admonition} Solution\n:class: dropdown\nHIDDEN-ANSWER\n:::"),
