@@ -506,45 +506,10 @@ class Profile:
                        num_iterations=self.short.num_iterations, **changes)
 
 
-#: GRPO steps of the full profile, sized to what chapter 3's 15 minutes on 2 cores leave after its
-#: evaluations and the student's loop: with native bf16 (AVX512-BF16 or AMX) both the sampler and
-#: the training pass run in bf16; elsewhere both run in fp32, slower (bench/throughput.py). The chapter
-#: prints its own minutes; ``make book`` on a clean clone is where they are measured.
-FULL_GRPO_STEPS = {"native_bf16": 6, "fp32": 4}
-
-
 def cpu_kind() -> str:
-    """``"native_bf16"`` or ``"fp32"``: the key of this machine's full-profile sizes."""
+    """``"native_bf16"`` or ``"fp32"``: which of :data:`FULL_BY_CPU`'s profiles is this machine's
+    ``full``."""
     return "native_bf16" if hardware.native_bf16() else "fp32"
-
-
-def full_grpo_steps() -> int:
-    """The full profile's GRPO steps on this machine (:data:`FULL_GRPO_STEPS`)."""
-    return FULL_GRPO_STEPS[cpu_kind()]
-
-
-#: What chapter 3's second page samples on the full profile, sized like :data:`FULL_GRPO_STEPS`
-#: (sampling in fp32 takes longer): the samples per problem of its pass@k curves, and the reference
-#: run's problems per test slice it samples again to check the fixed test's counts.
-FULL_LIVE_SAMPLES = {"native_bf16": {"samples": 16, "live_problems": 16},
-                     "fp32": {"samples": 8, "live_problems": 8}}
-
-
-def full_live_samples() -> dict[str, int]:
-    """The full profile's live samples on this machine (:data:`FULL_LIVE_SAMPLES`)."""
-    return FULL_LIVE_SAMPLES[cpu_kind()]
-
-
-#: Chapter 5's GRPO steps per stage and held-out problems per task on the full profile, sized like
-#: :data:`FULL_GRPO_STEPS`: its eight stage runs sample in every step and its greedy evaluations
-#: decode up to 200 tokens, both slower in fp32.
-FULL_CURRICULUM = {"native_bf16": {"steps_per_stage": 3, "eval_n": 128},
-                   "fp32": {"steps_per_stage": 2, "eval_n": 64}}
-
-
-def full_curriculum() -> dict[str, int]:
-    """The full profile's chapter-5 sizes on this machine (:data:`FULL_CURRICULUM`)."""
-    return FULL_CURRICULUM[cpu_kind()]
 
 
 #: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),
@@ -586,28 +551,24 @@ PROFILES: dict[str, Profile] = {
         # chapter 2), then GRPO (chapter 3): G = 8, 8 prompts sampled a round and the 4 whose
         # completions reach different gold steps trained, the levers of chapter 3 (measured in
         # bench/levers.py and bench/recipes.py). GRPO gets what chapter 3's 15 minutes leave after
-        # its held-out evaluation: FULL_GRPO_STEPS, more where the CPU has native bf16.
+        # its held-out evaluation. These are the sizes for a CPU with native bf16; FULL_BY_CPU holds
+        # the smaller ones of a CPU that computes in fp32.
         # The training pass runs one group (8 completions) at a time: the same update, a quarter
         # of the activations; TRL passes 2 completions at a time (chapter 4, and 2 per process in
         # its 2-process run), so that every chapter fits an 8 GB laptop (bench/memory.py measures
         # each chapter's peak).
         grpo=GRPOConfig(sft_steps=210, sft_batch_size=1, sft_learning_rate=3e-4,
-                        max_steps=full_grpo_steps(),
+                        max_steps=6,
                         num_generations=8, per_step_completions=32, learning_rate=3e-4,
                         train_micro_batch=8, **GRPO_LEVERS),
         data=DataSizes(n_inspect=7473, n_demo=3),
         rewards=RewardSizes(prompts=8, max_new_tokens=160),
-        # chapter 3's second page: its live samples, FULL_LIVE_SAMPLES, more where the CPU has native bf16
-        start=StartSizes(samples=full_live_samples()["samples"]),
-        ref=ReferenceSizes(live_problems=full_live_samples()["live_problems"]),
         # chapter 3's loop: the notebook's own step has no prompt cache and no bf16 training pass,
         # so it samples one prompt a step with shorter completions
         # the loop's one plain forward over G completions keeps every layer's activations for the
         # backward pass: recomputed instead, the chapter stays within an 8 GB laptop's memory
         loop=LoopSizes(changes={"max_completion_length": 96, "gradient_checkpointing": True}),
         trl=TRLSizes(micro_batch=2),
-        # chapter 5: FULL_CURRICULUM, more where the CPU has native bf16
-        cl=CurriculumSizes(**full_curriculum()),
         # chapter 7: the step under torch.profiler trains one group (it keeps every event in
         # memory), and the all-position-logits pass takes half a group (the whole batch's
         # [32, L, vocab] fp32 logits and their gradient are several GiB)
@@ -647,6 +608,30 @@ def _binder_profile(full: Profile) -> Profile:
         low_memory=True)
 
 
+def _fp32_profile(full: Profile) -> Profile:
+    """The full profile's lessons on a CPU without native bf16, where the sampler and the training
+    pass run in fp32 (slower: ``bench/throughput.py``), each chapter still within 15 minutes on 2
+    cores (``make book`` on a clean clone prints each page's minutes): fewer held-out problems
+    (the intervals say so: chapters 1-2 and 4-6, and the warm start's greedy check at the start on
+    the first rows of chapter 3's slices), fewer reward samples in chapter 2, fewer GRPO steps in
+    chapters 3-5 (one a stage in chapter 5), fewer live samples on chapter 3's second page (the same
+    rows), one timed step in chapter 7. The recipe, the warm start and each test's design stay."""
+    return replace(
+        full,
+        eval=replace(full.eval, n=128),
+        grpo=replace(full.grpo, max_steps=4),
+        rewards=replace(full.rewards, prompts=4),
+        start=replace(full.start, samples=8, slices=((512, 544), (768, 800))),
+        ref=replace(full.ref, live_problems=8),
+        trl=replace(full.trl, max_steps=4, eval_n=64),
+        cl=replace(full.cl, steps_per_stage=1, eval_n=32),
+        quant=replace(full.quant, eval_n=48),
+        prof=replace(full.prof, steps=1))
+
+
+#: The full profile of each kind of CPU (:func:`cpu_kind`): ``PROFILES["full"]`` is this machine's.
+FULL_BY_CPU: dict[str, Profile] = {"native_bf16": PROFILES["full"], "fp32": _fp32_profile(PROFILES["full"])}
+PROFILES["full"] = FULL_BY_CPU[cpu_kind()]
 PROFILES["binder"] = _binder_profile(PROFILES["full"])
 
 

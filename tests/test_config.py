@@ -27,10 +27,12 @@ def test_unknown_profile(monkeypatch):
 
 
 def test_smoke_is_smaller_than_full():
+    from grpo_course.config import FULL_BY_CPU
     smoke, full = PROFILES["smoke"], PROFILES["full"]
     assert smoke.eval.n < full.eval.n
     assert smoke.grpo.max_steps < full.grpo.max_steps
-    assert full.eval.n >= 200   # held-out evaluation on hundreds of problems
+    assert FULL_BY_CPU["native_bf16"].eval.n >= 200   # held-out evaluation on hundreds of problems
+    assert FULL_BY_CPU["fp32"].eval.n >= 128          # ... and in fp32 (slower), still over a hundred
 
 
 @pytest.mark.parametrize("g, b, message", [
@@ -58,54 +60,43 @@ def test_eval_config_validation():
         EvalConfig(n=0)
 
 
-def test_full_grpo_steps_are_sized_to_the_cpu(monkeypatch):
-    """More GRPO steps where the CPU has native bf16 (a step is faster there), and the full
-    profile on this machine uses the number this machine gets."""
+def _sizes(profile) -> dict[str, int]:
+    """Every integer size of a profile, by dotted name (``grpo.max_steps``, ``cl.eval_n``, ...)."""
+    from dataclasses import fields, is_dataclass
+
+    found = {}
+    for f in fields(profile):
+        section = getattr(profile, f.name)
+        if is_dataclass(section):
+            found.update({f"{f.name}.{g.name}": getattr(section, g.name) for g in fields(section)
+                          if type(getattr(section, g.name)) is int})
+    return found
+
+
+def test_the_full_profile_is_sized_to_the_cpu(monkeypatch):
+    """Where the CPU computes in fp32 (slower), the full profile does the same lessons with smaller
+    sizes: nothing grows, the seeds, recipe and test design stay, the pass@k rows are the same, and
+    every size stays above the smoke profile's. This machine's ``full`` is its kind's."""
+    from dataclasses import replace
+
     from grpo_course import config
     from grpo_course.infra import hardware
 
-    monkeypatch.setattr(hardware, "native_bf16", lambda: True)
-    fast = config.full_grpo_steps()
-    monkeypatch.setattr(hardware, "native_bf16", lambda: False)
-    slow = config.full_grpo_steps()
-    assert (fast, slow) == (config.FULL_GRPO_STEPS["native_bf16"], config.FULL_GRPO_STEPS["fp32"])
-    assert fast > slow > PROFILES["smoke"].grpo.max_steps
+    fast, slow, smoke = config.FULL_BY_CPU["native_bf16"], config.FULL_BY_CPU["fp32"], PROFILES["smoke"]
+    a, b = _sizes(fast), _sizes(slow)
+    changed = {k for k in a if a[k] != b[k]}
+    assert changed and all(b[k] < a[k] for k in changed), {k: (a[k], b[k]) for k in changed}
+    assert all(b[k] >= _sizes(smoke)[k] for k in changed if k in _sizes(smoke)), changed
+    assert slow.grpo.max_steps > smoke.grpo.max_steps
+    assert replace(slow.grpo, max_steps=fast.grpo.max_steps) == fast.grpo          # the same recipe
+    assert slow.ref.slices == fast.ref.slices and slow.ref.samples == fast.ref.samples   # the fixed test
+    assert [lo for lo, _ in slow.start.slices] == [lo for lo, _ in fast.start.slices]
+    assert slow.start.whole_problems <= slow.eval.n and slow.trl.eval_n <= slow.eval.n
+    for native, kind in ((True, "native_bf16"), (False, "fp32")):
+        monkeypatch.setattr(hardware, "native_bf16", lambda native=native: native)
+        assert config.cpu_kind() == kind
     monkeypatch.undo()
-    assert PROFILES["full"].grpo.max_steps == config.full_grpo_steps()
-
-
-def test_full_live_samples_are_sized_to_the_cpu(monkeypatch):
-    """Chapter 3's second page samples less where sampling runs in fp32, within its 15 minutes."""
-    from grpo_course import config
-    from grpo_course.infra import hardware
-
-    monkeypatch.setattr(hardware, "native_bf16", lambda: True)
-    fast = config.full_live_samples()
-    monkeypatch.setattr(hardware, "native_bf16", lambda: False)
-    slow = config.full_live_samples()
-    assert fast == config.FULL_LIVE_SAMPLES["native_bf16"] and slow == config.FULL_LIVE_SAMPLES["fp32"]
-    assert all(fast[k] >= slow[k] > getattr(PROFILES["smoke"].start, k, PROFILES["smoke"].ref.live_problems)
-               for k in slow)
-    monkeypatch.undo()
-    full = PROFILES["full"]
-    assert (full.start.samples, full.ref.live_problems) == tuple(config.full_live_samples().values())
-
-
-def test_full_curriculum_is_sized_to_the_cpu(monkeypatch):
-    """Chapter 5 trains fewer steps per stage and evaluates fewer problems where it runs in fp32
-    (slower); the smoke profile stays below both."""
-    from grpo_course import config
-    from grpo_course.infra import hardware
-
-    monkeypatch.setattr(hardware, "native_bf16", lambda: True)
-    fast = config.full_curriculum()
-    monkeypatch.setattr(hardware, "native_bf16", lambda: False)
-    slow = config.full_curriculum()
-    assert fast == config.FULL_CURRICULUM["native_bf16"] and slow == config.FULL_CURRICULUM["fp32"]
-    assert all(fast[k] >= slow[k] > getattr(PROFILES["smoke"].cl, k) for k in slow)
-    monkeypatch.undo()
-    cl = PROFILES["full"].cl
-    assert {k: getattr(cl, k) for k in slow} == config.full_curriculum()
+    assert PROFILES["full"] is config.FULL_BY_CPU[config.cpu_kind()]
 
 
 def test_every_profile_section_field_is_read_somewhere():
@@ -140,7 +131,8 @@ def test_main_run_is_the_recipe_at_the_reverse_curriculum_start():
         assert profile.grpo.lines_left is None            # chapters 4-7 train whole problems
         assert run.generation_batch_size % run.num_generations == 0
         assert profile.start.pass_k_problems <= min(hi - lo for lo, hi in profile.start.slices)
-    full = PROFILES["full"].start
+    from grpo_course.config import FULL_BY_CPU
+    full = FULL_BY_CPU["native_bf16"].start                # the fp32 profile evaluates fewer rows
     assert all(hi - lo >= 256 for lo, hi in full.slices)  # McNemar on n >= 256 per slice
-    assert full.slices[0][1] <= full.slices[1][0]         # disjoint
+    assert all(f.start.slices[0][1] <= f.start.slices[1][0] for f in FULL_BY_CPU.values())   # disjoint
     assert PROFILES["full"].main_run.max_completion_length == START_BUDGETS[1]
