@@ -545,7 +545,8 @@ PROFILES: dict[str, Profile] = {
     ),
     "full": Profile(
         name="full",
-        # 512 held-out problems: a gain of a few points needs that many for a paired test
+        # 512 held-out problems: a gain of a few points needs that many for a paired test (fp32: 128,
+        # with intervals that say so)
         eval=EvalConfig(n=512, batch_size=32, max_new_tokens=200),
         # recipe: a LoRA SFT warm-up on GSM8K train solutions (the shared warm start, trained in
         # chapter 2), then GRPO (chapter 3): G = 8, 8 prompts sampled a round and the 4 whose
@@ -591,16 +592,17 @@ def _binder_profile(full: Profile) -> Profile:
     low-memory mode (:func:`grpo_course.infra.memory.use_low_memory`)."""
     return replace(
         full, name="binder",
-        eval=EvalConfig(n=128, batch_size=8, max_new_tokens=200),
+        eval=EvalConfig(n=min(full.eval.n, 128), batch_size=8, max_new_tokens=200),
         grpo=replace(full.grpo, per_step_completions=8, generation_batch_size=16,
                      gradient_checkpointing=True),
         rewards=replace(full.rewards, prompts=4),
         loop=replace(full.loop,
                      changes={**full.loop.changes, "max_completion_length": 64}),
         start=replace(full.start, changes={**full.start.changes, "generation_batch_size": 32},
-                      slices=((512, 640), (768, 896)), whole_problems=128, sample_prompts=2),
-        trl=replace(full.trl, eval_n=128, ddp_steps=0, dtype="auto", micro_batch=2),
-        quant=replace(full.quant, eval_n=48, policy_steps=4),
+                      slices=tuple((lo, min(hi, lo + 128)) for lo, hi in full.start.slices),
+                      whole_problems=min(full.start.whole_problems, 128), sample_prompts=2),
+        trl=replace(full.trl, eval_n=min(full.trl.eval_n, 128), ddp_steps=0, dtype="auto", micro_batch=2),
+        quant=replace(full.quant, eval_n=min(full.quant.eval_n, 48), policy_steps=min(full.quant.policy_steps, 4)),
         prof=replace(full.prof, copy_mib=128, full_finetune=False, logits_completions=2,
                      trace_step={"num_generations": 2, "per_step_completions": 2,
                                  "max_completion_length": 8, "generation_batch_size": None}),
@@ -625,7 +627,7 @@ def _fp32_profile(full: Profile) -> Profile:
         ref=replace(full.ref, live_problems=8),
         trl=replace(full.trl, max_steps=4, eval_n=64),
         cl=replace(full.cl, steps_per_stage=1, eval_n=32),
-        quant=replace(full.quant, eval_n=48),
+        quant=replace(full.quant, eval_n=48, policy_steps=4),   # no longer than chapter 3's run
         prof=replace(full.prof, steps=1))
 
 

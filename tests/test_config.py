@@ -73,6 +73,18 @@ def _sizes(profile) -> dict[str, int]:
     return found
 
 
+def test_binder_is_never_larger_than_full_on_either_cpu():
+    """Binder's 2 GB profile is built from this machine's full one: on an fp32 CPU it must not
+    evaluate more problems than full does there (it did, before its sizes were clamped)."""
+    from grpo_course import config
+
+    for kind, full in config.FULL_BY_CPU.items():
+        a, b = _sizes(full), _sizes(config._binder_profile(full))
+        assert {k for k in a if b[k] > a[k]} == set(), kind
+        assert all(bh - bl <= fh - fl for (bl, bh), (fl, fh) in
+                   zip(config._binder_profile(full).start.slices, full.start.slices, strict=True)), kind
+
+
 def test_the_full_profile_is_sized_to_the_cpu(monkeypatch):
     """Where the CPU computes in fp32 (slower), the full profile does the same lessons with smaller
     sizes: nothing grows, the seeds, recipe and test design stay, the pass@k rows are the same, and

@@ -129,7 +129,7 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
     folder = runs_dir(profile.name) / POLICY_DIR
     steps = f"{config.max_steps} GRPO step{'s' if config.max_steps != 1 else ''}"
     how = (f"chapter 3's recipe, trained here for {steps} from the warm start (chapter 3's "
-           f"policy is not in the cache; run chapter 3 for its longer run)")
+           f"policy is not in the cache: run chapter 3 first to use its run)")
     if (folder / "adapter_config.json").is_file() and (folder / "policy_key.txt").is_file() \
             and (folder / "policy_key.txt").read_text() == key:
         broken = unloadable(folder / adapter)
