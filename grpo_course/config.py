@@ -616,8 +616,9 @@ def _fp32_profile(full: Profile) -> Profile:
     cores (``make book`` on a clean clone prints each page's minutes): fewer held-out problems
     (the intervals say so: chapters 1-2 and 4-6, and the warm start's greedy check at the start on
     the first rows of chapter 3's slices), fewer reward samples in chapter 2, fewer GRPO steps in
-    chapters 3-5 (one a stage in chapter 5), fewer live samples on chapter 3's second page (the same
-    rows), one timed step in chapter 7. The recipe, the warm start and each test's design stay."""
+    chapters 3-5 (two a stage in chapter 5: EWC acts from a stage's second step), fewer live
+    samples on chapter 3's second page (the same rows), one timed step in chapter 7. The recipe,
+    the warm start and each test's design stay."""
     return replace(
         full,
         eval=replace(full.eval, n=128),
@@ -626,7 +627,7 @@ def _fp32_profile(full: Profile) -> Profile:
         start=replace(full.start, samples=8, slices=((512, 544), (768, 800))),
         ref=replace(full.ref, live_problems=8),
         trl=replace(full.trl, max_steps=4, eval_n=64),
-        cl=replace(full.cl, steps_per_stage=1, eval_n=32),
+        cl=replace(full.cl, steps_per_stage=2, eval_n=16),
         quant=replace(full.quant, eval_n=48, policy_steps=4),   # no longer than chapter 3's run
         prof=replace(full.prof, steps=1))
 

@@ -148,3 +148,12 @@ def test_main_run_is_the_recipe_at_the_reverse_curriculum_start():
     assert all(hi - lo >= 256 for lo, hi in full.slices)  # McNemar on n >= 256 per slice
     assert all(f.start.slices[0][1] <= f.start.slices[1][0] for f in FULL_BY_CPU.values())   # disjoint
     assert PROFILES["full"].main_run.max_completion_length == START_BUDGETS[1]
+
+
+def test_every_profile_but_smoke_gives_ewc_a_step_to_act():
+    """EWC's penalty and its gradient are zero at the anchor, so a stage's first step is the same
+    with and without it: chapter 5's comparison needs at least two steps a stage."""
+    from grpo_course import config
+
+    profiles = [*config.FULL_BY_CPU.values(), *(config._binder_profile(f) for f in config.FULL_BY_CPU.values())]
+    assert all(p.cl.steps_per_stage >= 2 for p in profiles), [p.cl.steps_per_stage for p in profiles]
