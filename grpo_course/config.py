@@ -617,8 +617,8 @@ def _fp32_profile(full: Profile) -> Profile:
     (the intervals say so: chapters 1-2 and 4-6, and the warm start's greedy check at the start on
     the first rows of chapter 3's slices), fewer reward samples in chapter 2, fewer GRPO steps in
     chapters 3-5 (two a stage in chapter 5: EWC acts from a stage's second step), fewer live
-    samples on chapter 3's second page (the same rows), one timed step in chapter 7. The recipe,
-    the warm start and each test's design stay."""
+    samples on chapter 3's second page (the same rows), one timed step and fewer thread counts
+    and lever settings in chapter 7. The recipe, the warm start and each test's design stay."""
     return replace(
         full,
         eval=replace(full.eval, n=128),
@@ -629,7 +629,8 @@ def _fp32_profile(full: Profile) -> Profile:
         trl=replace(full.trl, max_steps=4, eval_n=64),
         cl=replace(full.cl, steps_per_stage=2, eval_n=16),
         quant=replace(full.quant, eval_n=48, policy_steps=4),   # no longer than chapter 3's run
-        prof=replace(full.prof, steps=1))
+        prof=replace(full.prof, steps=1, threads=(1, 2, 4), scaling_length=16, lever_generations=(2, 4),
+                     lever_lengths=(32, 64)))
 
 
 #: The full profile of each kind of CPU (:func:`cpu_kind`): ``PROFILES["full"]`` is this machine's.
