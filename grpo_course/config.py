@@ -624,7 +624,7 @@ def _fp32_profile(full: Profile) -> Profile:
         eval=replace(full.eval, n=128),
         grpo=replace(full.grpo, max_steps=4),
         rewards=replace(full.rewards, prompts=4),
-        start=replace(full.start, samples=8, slices=((512, 544), (768, 800))),
+        start=replace(full.start, samples=8, slices=tuple((lo, lo + 32) for lo, _ in full.start.slices)),
         ref=replace(full.ref, live_problems=8),
         trl=replace(full.trl, max_steps=4, eval_n=64),
         cl=replace(full.cl, steps_per_stage=2, eval_n=16),
