@@ -105,3 +105,31 @@ def test_a_curriculum_run_is_saved_in_the_same_layout_with_its_stages(tmp_path, 
     rows = [json.loads(line) for line in (tmp_path / "cur" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["stage"], r["step"]) for r in rows] == [("basic", 0), ("advanced", 1)]
     assert runs.list_runs(tmp_path).loc["cur", "trainer"] == "curriculum"
+
+
+def test_a_curriculum_resumed_at_a_stage_boundary_ends_where_the_uninterrupted_one_does(
+        tmp_path, monkeypatch):
+    """Chapter 5 trains stage 1 once and starts the later stages from its checkpoint: they must
+    start as in one uninterrupted run (fresh optimizer, their rows from the first, step 0)."""
+    import datasets
+    import torch
+
+    from grpo_course.core.policy import adapter_state
+    from grpo_course.topics.curriculum import Stage, train_stages
+    from tests.helpers import length_reward, tiny_model, tiny_tokenizer
+
+    monkeypatch.setattr("grpo_course.core.rewards.default_rewards", lambda weights: {"length": length_reward})
+    config = _trainer().config
+    stages = [Stage("one", ("basic",), datasets.Dataset.from_list(ROWS[:4])),
+              Stage("two", ("basic",), datasets.Dataset.from_list(ROWS[2:])),
+              Stage("three", ("basic",), datasets.Dataset.from_list(ROWS))]
+    whole, _ = train_stages(tiny_model(), tiny_tokenizer(), config, stages, 2)
+    first, _ = train_stages(tiny_model(), tiny_tokenizer(), config, stages[:1], 2)
+    checkpoint = first.save_checkpoint(tmp_path / "stage1")
+    resumed, records = train_stages(tiny_model(), tiny_tokenizer(), config, stages[1:], 2,
+                                    resume=checkpoint)
+    assert [r["step"] for r in records[0]["steps"]] == [0, 1]        # the stage's own steps
+    want, got = adapter_state(whole.model), adapter_state(resumed.model)
+    assert want.keys() == got.keys() and want
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=0, msg=name)

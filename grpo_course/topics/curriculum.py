@@ -526,20 +526,20 @@ def train_stages(model, tokenizer, config, stages: Sequence[Stage], steps_per_st
     ``penalty`` is the trainer's hook (e.g. an :class:`EWC`); with ``consolidate(stage, model)
     -> batches`` the EWC adds each finished stage's Fisher before the next one.
     ``after_stage(k, stage, model) -> dict`` (e.g. an evaluation) is collected per stage.
-    ``resume`` starts the first stage from a :meth:`CourseTrainer.save_checkpoint` folder
-    (``model`` must then be the fresh base). With ``out_dir`` the run is saved in the layout of
+    ``resume`` starts the first stage from the weights of a :meth:`CourseTrainer.save_checkpoint`
+    folder (``model`` must then be the fresh base); the stage itself starts as every stage does
+    (fresh optimizer, its rows from the first, step 0), so a run resumed at a stage boundary ends
+    where the uninterrupted one would. With ``out_dir`` the run is saved in the layout of
     every run (:func:`grpo_course.core.runs.write_run`: its config and every stage's GRPO steps, each
     row tagged with its stage and numbered across stages). Returns ``(last_trainer, records)``.
     """
 
     records, trainer, rows = [], None, []
     for k, stage in enumerate(stages):
-        if k == 0 and resume is not None:
-            trainer = CourseTrainer.resume(resume, model, tokenizer, stage.dataset,
-                                           penalty=penalty)
-        else:
-            trainer = CourseTrainer(model if trainer is None else trainer.model, tokenizer,
-                                    config, stage.dataset, penalty=penalty)
+        if k == 0 and resume is not None:     # the finished stage's weights, not its trainer
+            model = CourseTrainer.resume(resume, model, tokenizer, stage.dataset).model
+        trainer = CourseTrainer(model if trainer is None else trainer.model, tokenizer,
+                                config, stage.dataset, penalty=penalty)
         steps = trainer.train(max_steps=trainer.global_step + steps_per_stage)   # this stage's rows
         grpo_rows = [r for r in steps if r.get("phase", "grpo") == "grpo"]
         rows += [{**r, "stage": stage.name, "step": len(rows) + i} for i, r in enumerate(grpo_rows)]
