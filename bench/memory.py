@@ -9,7 +9,8 @@ is never written). While it runs, the resident memory of the kernel and every pr
 (TRL's launcher and its ranks, pytest) is summed every ``--interval`` seconds; the peak of that sum
 is the chapter's ``peak_rss_mib``; ``top_cells`` names the three code cells (by id) that raised the running
 peak the most, and ``cells`` lists every code cell's peak and its resident memory at its end:
-where to look when a chapter is over its limit. The results are merged into ``--out`` (default
+where to look when a chapter is over its limit; ``machine`` names the CPU it ran on and whether bf16
+is native there (the top-level ``machine`` is the last run's). The results are merged into ``--out`` (default
 ``grpo_course/measurements/memory.json``, package data, written atomically after every pair, so an interrupted run keeps what it
 measured and the notebooks' :func:`grpo_course.infra.memory.check_memory` reads it). One JSON line
 with every measured pair, the limit of the ``binder`` profile (1.8 GiB per chapter) and the
@@ -108,7 +109,14 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float,
             "top_cells": top,
             "cells": [[cid, mib(peak), mib(end)] for cid, peak, end in cells],
             **({"error": error} if error else {}), "date": time.strftime("%Y-%m-%d %H:%M"),
-            "commit": git_commit()}
+            "commit": git_commit(), "machine": machine_facts()}
+
+
+def machine_facts() -> dict:
+    """The machine a pair ran on, kept with its entry (the file merges runs from several machines,
+    and whether bf16 is native changes a profile's sizes and dtypes)."""
+    facts = bench_facts()
+    return {k: facts[k] for k in ("cpu", "avx512_bf16", "amx_bf16", "native_bf16")}
 
 
 def mib(n_bytes: int) -> float:

@@ -584,7 +584,8 @@ def _binder_profile(full: Profile) -> Profile:
     at most 1.8 GiB per chapter, measured by ``bench/memory.py``): the same recipe and warm start, with
     activation checkpointing in the training passes (the course trainer's and TRL's; TRL's weights
     in bf16 where the CPU has it, and its step's completions through the model two at a time),
-    smaller sampling and evaluation batches (the pass@k samples of two problems at a time),
+    smaller sampling and evaluation batches (the pass@k samples of one problem at a time; the
+    live run of chapter 3's second page samples one prompt a round, up to four rounds a step),
     64-token completions in chapter 3's loop, fewer
     held-out problems (the intervals say so), no
     2-process run (two more copies of the model do not fit), a shorter step under torch.profiler
@@ -598,9 +599,10 @@ def _binder_profile(full: Profile) -> Profile:
         rewards=replace(full.rewards, prompts=4),
         loop=replace(full.loop,
                      changes={**full.loop.changes, "max_completion_length": 64}),
-        start=replace(full.start, changes={**full.start.changes, "generation_batch_size": 32},
+        start=replace(full.start, changes={**full.start.changes, "generation_batch_size": 8,
+                                           "max_sampling_rounds": 4},
                       slices=tuple((lo, min(hi, lo + 128)) for lo, hi in full.start.slices),
-                      whole_problems=min(full.start.whole_problems, 128), sample_prompts=2),
+                      whole_problems=min(full.start.whole_problems, 128), sample_prompts=1),
         trl=replace(full.trl, eval_n=min(full.trl.eval_n, 128), ddp_steps=0, dtype="auto", micro_batch=2),
         quant=replace(full.quant, eval_n=min(full.quant.eval_n, 48), policy_steps=min(full.quant.policy_steps, 4)),
         prof=replace(full.prof, copy_mib=128, full_finetune=False, logits_completions=2,
