@@ -322,3 +322,13 @@ def test_fast_decoder_computes_the_models_logits():
                          position_ids=(all_mask.cumsum(-1) - 1).clamp(min=0)).logits
     torch.testing.assert_close(torch.stack(logits, 1), expected[:, ids.shape[1] - 1:],
                                atol=1e-4, rtol=1e-4)
+
+
+def test_progress_bar_counts_tokens_and_leaves_the_samples_alone(tiny, capsys):
+    model, tok = tiny
+    a = sample_completions(model, tok, PROMPTS, 2, 12, seed=7)
+    b = sample_completions(model, tok, PROMPTS, 2, 12, seed=7, progress="sampling")
+    assert torch.equal(a.completion_ids, b.completion_ids)
+    assert torch.equal(a.sampling_logps, b.sampling_logps)
+    err = capsys.readouterr().err
+    assert "sampling" in err and f"{b.completion_ids.shape[1]}/12" in err

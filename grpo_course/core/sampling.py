@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from grpo_course.config import SAMPLING_DTYPES
 from grpo_course.infra import hardware, memory
@@ -445,11 +446,12 @@ class _HFDecoder:
 
 def _decode_into(decoder, dtype, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G: int,
                  out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], temperature: float,
-                 top_p: float, generator, eos: torch.Tensor, pad_id: int):
+                 top_p: float, generator, eos: torch.Tensor, pad_id: int, bar=None):
     """Prefill the prompts, then pick and decode one token per step into ``out`` (the chosen
     tokens, their sampling log-probs and the live mask, ``[B, max_new_tokens]``) until every row
-    reached an EOS or the budget. Returns the last step, the original row of each row still
-    decoding and whether it was still alive (cut at the budget)."""
+    reached an EOS or the budget (``bar``, a tqdm bar, advances a token a step). Returns the last
+    step, the original row of each row still decoding and whether it was still alive (cut at the
+    budget)."""
     tokens_out, logps_out, live_out = out
     B, max_new_tokens = tokens_out.shape
     Lp = prompt_ids.shape[1]
@@ -475,6 +477,9 @@ def _decode_into(decoder, dtype, prompt_ids: torch.Tensor, prompt_mask: torch.Te
         logps_out[rows, step] = torch.where(alive, logps, torch.zeros_like(logps))
         live_out[rows, step] = alive.long()
         alive = alive & ~torch.isin(tokens, eos)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(decoding=int(alive.sum()), refresh=False)
         if not alive.any() or step == max_new_tokens - 1:
             break
         if hasattr(decoder, "select") and int(alive.sum()) <= 0.75 * len(rows):
@@ -494,12 +499,14 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
                        max_new_tokens: int = 128, temperature: float = 1.0,
                        top_p: float = 1.0, seed: int | None = None,
                        fast: bool | None = None,
-                       sampling_dtype: str | torch.dtype | None = None) -> SampleBatch:
+                       sampling_dtype: str | torch.dtype | None = None,
+                       progress: str | None = None) -> SampleBatch:
     """Sample ``num_generations`` completions for each prompt text (``temperature=0``
     is greedy). Stops each sequence at the tokenizer's EOS and the loop when all did.
     ``fast=None`` picks the compact decoder when the model supports it;
     ``sampling_dtype`` (``None`` = the model's dtype, ``"auto"``, ``"bfloat16"``) sets the
-    compact decoder's weight precision."""
+    compact decoder's weight precision. ``progress``, a description, shows a bar of the tokens
+    decoded (for a call long enough to need one)."""
     if num_generations < 1 or max_new_tokens < 1:
         raise ValueError("num_generations and max_new_tokens must be >= 1")
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -521,9 +528,14 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
     # training pass may save for its backward pass (an inference tensor may not be)
     with torch.inference_mode():
         decoder = FastLlama(model, dtype) if use_fast else _HFDecoder(model)
-        step, rows, alive = _decode_into(decoder, dtype, prompt_ids, prompt_mask, num_generations,
-                                         (tokens_out, logps_out, live_out), temperature, top_p,
-                                         generator, eos, pad_id)
+        bar = tqdm(total=max_new_tokens, desc=progress, unit="token") if progress else None
+        try:
+            step, rows, alive = _decode_into(decoder, dtype, prompt_ids, prompt_mask,
+                                             num_generations, (tokens_out, logps_out, live_out),
+                                             temperature, top_p, generator, eos, pad_id, bar)
+        finally:
+            if bar is not None:
+                bar.close()
     T = step + 1
     truncated = torch.zeros(B, dtype=torch.bool)
     truncated[rows] = alive
