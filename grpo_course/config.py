@@ -444,7 +444,8 @@ class ReferenceSizes:
     slices: tuple[tuple[int, int], ...] = ((512, 768), (768, 1024))   # test rows [start, end)
     samples: int = 8                     # samples per problem (temperature 1)
     transfer: bool = True                # also the greedy transfer to two lines left and whole problems
-    live_problems: int = 16              # first problems of each slice the page samples again
+    live_problems: int = 16              # first problems of each slice the page samples again (0:
+                                         # none, the page shows the benchmark's numbers alone)
 
 
 @dataclass(frozen=True)
@@ -588,7 +589,9 @@ def _binder_profile(full: Profile) -> Profile:
     live run of chapter 3's second page samples one prompt a round, up to four rounds a step),
     64-token completions in chapter 3's loop, fewer
     held-out problems (the intervals say so), no
-    2-process run (two more copies of the model do not fit), a shorter step under torch.profiler
+    2-process run (two more copies of the model do not fit), no live re-sampling of the reference
+    run's tests on chapter 3's second page (the reference run's model and its samples do not fit
+    beside the page's; the page shows the benchmark's numbers), a shorter step under torch.profiler
     and no full fine-tuning run in chapter 7 (AdamW's state for every weight), and the
     low-memory mode (:func:`grpo_course.infra.memory.use_low_memory`)."""
     return replace(
@@ -609,6 +612,7 @@ def _binder_profile(full: Profile) -> Profile:
                      trace_step={"num_generations": 2, "per_step_completions": 2,
                                  "max_completion_length": 8, "generation_batch_size": None}),
         short=replace(full.short, per_step_completions=4),
+        ref=replace(full.ref, live_problems=0),
         low_memory=True)
 
 
