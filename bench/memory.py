@@ -112,11 +112,32 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float,
             "commit": git_commit(), "machine": machine_facts()}
 
 
+MACHINE_KEYS = ("cpu", "avx512_bf16", "amx_bf16", "native_bf16")
+
+
 def machine_facts() -> dict:
     """The machine a pair ran on, kept with its entry (the file merges runs from several machines,
     and whether bf16 is native changes a profile's sizes and dtypes)."""
     facts = bench_facts()
-    return {k: facts[k] for k in ("cpu", "avx512_bf16", "amx_bf16", "native_bf16")}
+    return {k: facts[k] for k in MACHINE_KEYS}
+
+
+def read_machine(path: Path) -> dict | None:
+    """The file's top-level ``machine`` record (its last run's), if it has one."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8")).get("machine")
+    except (OSError, ValueError):
+        return None
+
+
+def with_machines(results: dict, machine: dict | None) -> dict:
+    """``results`` with every entry that has no ``machine`` of its own given the file's top-level
+    record (from before entries kept their own, that record was the only one and named the machine
+    of all of them), before a new run replaces it."""
+    if machine:
+        for entry in (e for by_profile in results.values() for e in by_profile.values()):
+            entry.setdefault("machine", {k: machine.get(k) for k in MACHINE_KEYS})
+    return results
 
 
 def mib(n_bytes: int) -> float:
@@ -190,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         p.error(str(exc))
 
-    results = read_measurements(out)
+    results = with_machines(read_measurements(out), read_machine(out))
     failed: list[str] = []
     for path in paths:
         for profile in profiles:

@@ -236,3 +236,30 @@ def test_importing_the_package_caps_onednn_kernel_caches():
     env["LRU_CACHE_CAPACITY"] = "512"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.split()[1] == "512"
+
+
+def test_memory_table_names_the_machine_of_each_entry():
+    machines = _memory_table_extension()._machines
+    avx512 = {"cpu": "AMD EPYC", "native_bf16": True}
+    avx2 = {"cpu": "AMD EPYC", "native_bf16": False}
+    data = {"machine": avx512, "results": {
+        "01_a": {"binder": {"peak_rss_mib": 1.0}, "full": {"peak_rss_mib": 1.0}},
+        "02_b": {"binder": {"peak_rss_mib": 1.0, "machine": avx2}}}}
+    assert machines(data) == ("AMD EPYC (native bf16), except 02_b on binder on "
+                              "AMD EPYC (no native bf16: fp32)")
+    del data["results"]["02_b"]
+    assert machines(data) == "AMD EPYC (native bf16)"
+
+
+def test_bench_keeps_the_old_machine_record_with_the_entries_it_described():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "bench_memory", Path(__file__).resolve().parents[1] / "bench" / "memory.py")
+    bench_memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_memory)
+    old = {"cpu": "X", "avx512_bf16": True, "amx_bf16": False, "native_bf16": True, "torch": "2"}
+    own = {"cpu": "Y", "native_bf16": False}
+    results = {"01": {"binder": {}, "full": {"machine": own}}}
+    out = bench_memory.with_machines(results, old)
+    assert out["01"]["binder"]["machine"] == {k: old[k] for k in bench_memory.MACHINE_KEYS}
+    assert out["01"]["full"]["machine"] == own

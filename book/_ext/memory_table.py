@@ -53,13 +53,32 @@ class MemoryTable(Directive):
                 cells += ([f"{r['peak_rss_mib'] / 1024:.2f}", f"{r['wall_s'] / 60:.1f}"]
                           if r else ["—", "—"])
             rows.append(cells)
-        machine = data.get("machine", {})
-        note = (f"Measured by bench/memory.py on {machine.get('cpu', 'an unrecorded CPU')} "
-                f"(torch {machine.get('torch', '?')}): peak resident memory of the kernel and the "
-                f"processes it starts (summed, so shared pages count once per process), and wall "
-                f"time, each chapter in a fresh kernel with the course cache as it was: the "
-                f"shared warm start trained before, and evaluations of identical weights reused.")
+        note = (f"Measured by bench/memory.py on {_machines(data)}: peak resident memory of the "
+                f"kernel and the processes it starts (summed, so shared pages count once per "
+                f"process), and wall time, each chapter in a fresh kernel with the course cache as "
+                f"it was: the shared warm start trained before, and evaluations of identical "
+                f"weights reused.")
         return [_table(header, rows), nodes.paragraph(text=note + " " + _verdict(data, CHAPTER_LIMIT_MIB))]
+
+
+def _describe(machine: dict) -> str:
+    bf16 = "native bf16" if machine.get("native_bf16") else "no native bf16: fp32"
+    return f"{machine.get('cpu') or 'an unrecorded CPU'} ({bf16})"
+
+
+def _machines(data: dict) -> str:
+    """Which machine measured which entries: each entry's own record (``bench/memory.py`` keeps
+    one with each), else the file's top-level one."""
+    default = data.get("machine", {})
+    by_machine: dict[str, list[str]] = {}
+    for chapter, by_profile in sorted(data.get("results", {}).items()):
+        for profile, entry in by_profile.items():
+            by_machine.setdefault(_describe(entry.get("machine", default)), []).append(f"{chapter} on {profile}")
+    if len(by_machine) <= 1:
+        return next(iter(by_machine), _describe(default))
+    common = max(by_machine, key=lambda m: len(by_machine[m]))
+    others = "; ".join(f"{', '.join(runs)} on {m}" for m, runs in by_machine.items() if m != common)
+    return f"{common}, except {others}"
 
 
 def _verdict(data: dict, limit: float) -> str:
