@@ -330,7 +330,7 @@ def test_lines_left_continues_each_prompt_from_its_gold_start():
 
 
 def test_old_logps_come_from_the_sampler_only_at_the_training_precision():
-    from grpo_course.core.train import reuses_sampler_logps
+    from grpo_course.core.precision import reuses_sampler_logps
     assert reuses_sampler_logps(False, torch.float32)
     assert not reuses_sampler_logps(False, torch.bfloat16)     # a bf16 sampler: another distribution
     assert not reuses_sampler_logps(True, torch.float32)       # a bf16 pass: its own log-probs

@@ -79,3 +79,11 @@ def hold_frozen_weights_in(model: torch.nn.Module, dtype: torch.dtype = torch.bf
             if not param.requires_grad and id(param) not in done:
                 param.data = param.data.clone()
     return len(converted)
+
+
+def reuses_sampler_logps(train_in_bf16: bool, sampling_dtype: torch.dtype) -> bool:
+    """Whether the first update of a batch takes the sampler's log-probs as its
+    ``old_per_token_logps`` (the course trainer's ``compute_loss``): only where the sampler drew at
+    the training pass's precision, fp32 both; else the policy's own, detached from its first pass
+    (TRL's choice: ratio 1 on the first update, no extra forward pass)."""
+    return not train_in_bf16 and sampling_dtype == torch.float32

@@ -47,28 +47,15 @@ from grpo_course.core.policy import (
     norms_cast_once,
     per_token_logps,
 )
-from grpo_course.core.precision import frozen_linear_weights_as, hold_frozen_weights_in
+from grpo_course.core.precision import frozen_linear_weights_as, hold_frozen_weights_in, reuses_sampler_logps
 from grpo_course.core.rewards import correct_mixed_groups, run_rewards, score_groups
-from grpo_course.core.sampling import (
-    concat_batches,
-    resolve_sampling_dtype,
-    sample_completions,
-    sampler_dtype,
-)
+from grpo_course.core.sampling import concat_batches, resolve_sampling_dtype, sample_completions
 from grpo_course.core.sft import SFTWarmup
 from grpo_course.core.step_log import step_log
 from grpo_course.infra.errors import CourseError, report
 from grpo_course.infra.memory import low_memory, trim_heap
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
-
-
-def reuses_sampler_logps(train_in_bf16: bool, sampling_dtype: torch.dtype) -> bool:
-    """Whether the first update of a batch takes the sampler's log-probs as its
-    ``old_per_token_logps``: only where the sampler drew at the training pass's precision (fp32
-    both); else the policy's own, detached from its first pass (TRL's choice: ratio 1 on the first
-    update, no extra forward pass)."""
-    return not train_in_bf16 and sampling_dtype == torch.float32
 
 
 class CourseTrainer(SFTWarmup, TrainingRun):
@@ -204,12 +191,6 @@ class CourseTrainer(SFTWarmup, TrainingRun):
     def _train_in_bf16(self) -> bool:
         """Whether the GRPO training pass runs under bf16 autocast (``train_dtype``, resolved)."""
         return resolve_sampling_dtype(self.config.train_dtype) == torch.bfloat16
-
-    def reuses_sampler_logps(self) -> bool:
-        """Whether a step's first update takes the sampler's log-probs as ``old_per_token_logps``
-        on this machine (:func:`reuses_sampler_logps`)."""
-        return reuses_sampler_logps(self._train_in_bf16(),
-                                    sampler_dtype(self.model, self.config.sampling_dtype))
 
     def step(self, rows: dict[str, list] | None = None) -> dict[str, Any]:
         """One GRPO step, in the algorithm's order: sample and score G completions per prompt,
