@@ -45,7 +45,8 @@ DEFAULT_SLICES = "512:768,768:1024"
 BUDGETS = {**START_BUDGETS, None: get_profile("full").eval.max_new_tokens}
 
 
-def start_name(lines_left: int | None) -> str:
+def start_key(lines_left: int | None) -> str:
+    """The start's key in headroom.json: "whole" or "<n>_left"."""
     return "whole" if lines_left is None else f"{lines_left}_left"
 
 
@@ -59,11 +60,11 @@ def measure(model, tok, test, lines_left, a) -> dict:
     rows = gold_starts(test, lines_left)
     budget = BUDGETS[lines_left]
     greedy = evaluate_model(model, tok, rows, batch_size=32, max_new_tokens=budget,
-                            cache=True, name=f"warm start, {start_name(lines_left)}")
+                            cache=True, name=f"warm start, {start_key(lines_left)}")
     sampled = rows.select(range(min(a.sample_problems, len(rows))))
     counts = correct_counts(model, tok, sampled, a.samples, budget, temperature=1.0,
                             seed=a.seed, batch_prompts=a.batch_prompts,
-                            desc=f"{a.samples} samples, {start_name(lines_left)}")
+                            desc=f"{a.samples} samples, {start_key(lines_left)}")
     out = {"skipped": len(test) - len(rows), "max_new_tokens": budget}
     for stratum in ("all", *STRATA):
         keep = [i for i, r in enumerate(rows) if stratum == "all" or r["difficulty"] == stratum]
@@ -140,8 +141,8 @@ def _run(a) -> int:
             raise CourseError(f"--slices {lo}:{hi} runs past the {lo + len(test)} GSM8K test rows")
         part = result["slices"][f"{lo}:{hi}"] = {"rows": [lo, hi], "starts": {}}
         for lines_left in BUDGETS:
-            part["starts"][start_name(lines_left)] = measure(model, tok, test, lines_left, a)
-            print(f"{lo}:{hi} {start_name(lines_left)}: {time.perf_counter() - started:.0f} s",
+            part["starts"][start_key(lines_left)] = measure(model, tok, test, lines_left, a)
+            print(f"{lo}:{hi} {start_key(lines_left)}: {time.perf_counter() - started:.0f} s",
                   file=sys.stderr)
     result["choice"] = choose(result["slices"])
     result["seconds"] = time.perf_counter() - started
