@@ -55,8 +55,6 @@ from grpo_course.core.step_log import step_log
 from grpo_course.infra.errors import CourseError, report
 from grpo_course.infra.memory import low_memory, trim_heap
 
-PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
-
 
 class CourseTrainer(SFTWarmup, TrainingRun):
     """GRPO on ``train_dataset`` (rows with ``question`` and ``answer``).
