@@ -529,8 +529,10 @@ PROFILES: dict[str, Profile] = {
         data=DataSizes(n_inspect=200, n_demo=1),
         rewards=RewardSizes(prompts=2, max_new_tokens=48),
         loop=LoopSizes(steps=2, kl_steps=1, prompts=1, pool=2),
+        # no prompt pool: a 2-step warm start at 32 tokens solves too few prompts for a screening
+        # of a few to keep one (tests/test_pool.py tests the pool)
         start=StartSizes(changes={**REVERSE_CURRICULUM, "generation_batch_size": 16,
-                                  "max_completion_length": 32},
+                                  "max_completion_length": 32, "prompt_pool": "all"},
                          slices=((512, 520), (768, 776)), samples=4, pass_k_problems=2,
                          whole_problems=8),
         ref=ReferenceSizes(live_problems=4),

@@ -148,6 +148,9 @@ def test_main_run_is_the_recipe_at_the_reverse_curriculum_start():
     assert all(hi - lo >= 256 for lo, hi in full.slices)  # McNemar on n >= 256 per slice
     assert all(f.start.slices[0][1] <= f.start.slices[1][0] for f in FULL_BY_CPU.values())   # disjoint
     assert PROFILES["full"].main_run.max_completion_length == START_BUDGETS[1]
+    # the page's live run trains on a screened pool on the profiles that can keep one
+    assert {n: p.main_run.prompt_pool for n, p in PROFILES.items()} == \
+        {"smoke": "all", "full": "mixed", "binder": "mixed"}
 
 
 def test_every_profile_but_smoke_gives_ewc_a_step_to_act():

@@ -88,6 +88,23 @@ def test_a_checkpoint_keeps_the_pool_and_a_resume_trims_the_log(monkeypatch, tmp
     assert len(calls) == 1                 # not screened again by the trained policy
 
 
+def test_the_screening_decodes_a_sampling_round_at_a_time(monkeypatch, tmp_path):
+    """As many prompts at once as a round of the run samples: no more memory than training
+    (the binder profile samples one prompt a round)."""
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    seen = []
+
+    def screen(model, tokenizer, rows, samples, max_new_tokens, lines_left, temperature, seed,
+               sampling_dtype, batch_prompts, progress):
+        seen.append(batch_prompts)
+        return [1] * len(rows["question"])
+    monkeypatch.setattr(pool_module, "screen_prompts", screen)
+    for gbs in (4, 8):
+        trainer = tiny_trainer(prompt_pool="mixed", pool_prompts=4, generation_batch_size=gbs)
+        trainer.build_pool()
+    assert seen == [4 // trainer.config.num_generations, 8 // trainer.config.num_generations]
+
+
 def test_an_empty_pool_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
     screen, _ = fake_screening([0, 2, 0, 2, 0, 0])

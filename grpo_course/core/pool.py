@@ -99,13 +99,16 @@ def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int
                   progress: bool = True) -> dict[str, Any]:
     """``{"ids", "correct", "samples", "mixed"}``: the screening of the prompts ``ids`` (their
     ``rows``) by ``model`` with ``config``'s start, budget, temperature and seed, and the ids it
-    keeps; read from the cache when the same weights screened the same prompts before."""
+    keeps; read from the cache when the same weights screened the same prompts before. It decodes
+    as many prompts at once as a sampling round of the run (``prompts_per_round``), so it needs no
+    more memory than training does."""
     samples = config.pool_samples or config.num_generations
+    batch_prompts = max(1, config.prompts_per_round)
     problems = [{"question": q, "answer": a} for q, a in zip(rows["question"], rows["answer"], strict=True)]
     key = {"weights": weights_fingerprint(model), "model": config.model, "data": data_hash(problems),
            "ids": ids, "samples": samples, "max_new_tokens": config.max_completion_length,
            "lines_left": config.lines_left, "temperature": config.temperature,
-           "seed": config.seed,
+           "seed": config.seed, "batch_prompts": batch_prompts,
            "dtype": str(resolve_sampling_dtype(config.sampling_dtype) or "float32"),
            "code": code_fingerprint("grpo_course.core.pool")}
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
@@ -119,7 +122,7 @@ def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int
     start = time.perf_counter()
     correct = screen_prompts(model, tokenizer, rows, samples, config.max_completion_length,
                              config.lines_left, config.temperature, config.seed,
-                             config.sampling_dtype, progress=progress)
+                             config.sampling_dtype, batch_prompts, progress)
     pool = {"ids": ids, "correct": correct, "samples": samples,
             "mixed": mixed_ids(ids, correct, samples),
             "seconds": round(time.perf_counter() - start, 1)}
