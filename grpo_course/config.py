@@ -491,9 +491,11 @@ class Profile:
     def curriculum_run(self) -> GRPOConfig:
         """Chapter 5's GRPO steps: the short steps of :meth:`short_run` with the main run's
         rewards and filter (each stage's rows carry their own start), chapter 5's completion
-        budget and learning rate, from the warm start (no new SFT)."""
+        budget and learning rate, from the warm start (no new SFT), without the main run's prompt
+        pool (a screening at one start says nothing of the next stage's)."""
         own = {k: v for k, v in self.start.changes.items()
-               if k not in ("lines_left", "generation_batch_size", "max_completion_length")}
+               if k not in ("lines_left", "generation_batch_size", "max_completion_length",
+                            "prompt_pool", "pool_prompts", "pool_samples")}
         return self.short_run(**own, max_completion_length=self.cl.max_completion_length,
                               sft_steps=0, learning_rate=self.cl.learning_rate)
 

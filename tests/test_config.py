@@ -151,6 +151,8 @@ def test_main_run_is_the_recipe_at_the_reverse_curriculum_start():
     # the page's live run trains on a screened pool on the profiles that can keep one
     assert {n: p.main_run.prompt_pool for n, p in PROFILES.items()} == \
         {"smoke": "all", "full": "mixed", "binder": "mixed"}
+    # ... and chapter 5's stages on each stage's own rows, whatever the main run screens
+    assert all(p.curriculum_run.prompt_pool == "all" for p in PROFILES.values())
 
 
 def test_every_profile_but_smoke_gives_ewc_a_step_to_act():
