@@ -127,7 +127,8 @@ book-smoke: browser static
 
 # Where students open the course, each in a fresh venv: the Colab edition's install cell run
 # literally (the course at this checkout's HEAD) and chapters 1-2 of the edition on the smoke profile;
-# Binder's requirements and postBuild, then chapter 1 on the binder profile.
+# Binder's requirements and postBuild, then chapter 1 in its session environment; all on the smoke
+# profile's sizes (the binder profile's are bench/memory.py's to measure).
 check-install: model
 	$(BIN)/python -m pytest tests/test_colab_install.py -q -rP -p no:cacheprovider -m colab_install --durations=0
 

@@ -8,7 +8,8 @@ once committed). Chapter 1 and chapter 2 of the Colab edition then run on the sm
 that venv's kernel, and no book, browser or test tool is in the venv.
 
 Binder: a venv that gets ``binder/requirements.txt`` and runs ``binder/postBuild`` as Binder
-does, then chapter 1 on the binder profile in its kernel, in ``binder/start``'s environment.
+does, then chapter 1 in its kernel, in ``binder/start``'s environment; both at the smoke
+profile's sizes (the binder profile's memory is ``bench/memory.py``'s to measure).
 
 Minutes each (installs from the package index, the model, the notebooks): ``make check-install``,
 part of ``make test``; marked ``colab_install``."""
@@ -28,6 +29,10 @@ from nbclient import NotebookClient
 
 from grpo_course.book import colab
 from grpo_course.book.publish import repository
+from grpo_course.config import get_profile
+from grpo_course.core.data import load_gsm8k
+from grpo_course.core.warmstart import warm_start_key
+from grpo_course.infra.paths import cache_dir
 
 pytestmark = pytest.mark.colab_install
 
@@ -166,6 +171,15 @@ def test_the_binder_path_installs_and_runs_chapter_1(tmp_path):
     start = {k: v for k, v in re.findall(r'^export (\w+)="\$\{\w+:-([^}]*)\}"',
                                           (ROOT / "binder" / "start").read_text(), re.M)}
     assert start.get("GRPO_COURSE_PROFILE") == "binder"
-    shell("bash binder/postBuild", bin_dir, ROOT, {**env, **start})
+    # Binder's session environment (low memory, malloc and oneDNN caps), at the smoke profile's
+    # sizes: postBuild's last step trains the warm start of the profile set for the build (binder
+    # when none is, as on Binder: the full recipe, chapter 2's code, which `make book` runs at full
+    # size), here the smoke profile's, trained or found in the cache; chapter 1 likewise. The binder
+    # profile's sizes would take half an hour of CI on 2 cores; `bench/memory.py --profiles binder`
+    # measures every chapter's peak at them.
+    session = {**env, **start, "GRPO_COURSE_PROFILE": "smoke"}
+    shell("bash binder/postBuild", bin_dir, ROOT, session)
+    key = warm_start_key(get_profile("smoke").grpo, load_gsm8k("train", data_dir=env["GSM8K_DIR"]))
+    assert (cache_dir() / "warm_start" / key).is_dir(), "postBuild left no warm start"
     chapter = nbformat.read(NOTEBOOKS[0], as_version=4)
-    run_notebook(chapter, bin_dir, {**env, **start}, tmp_path)
+    run_notebook(chapter, bin_dir, session, tmp_path)
