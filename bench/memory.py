@@ -8,8 +8,9 @@ Each (chapter, profile) pair runs its notebook top to bottom in a new Jupyter ke
 is never written). While it runs, the resident memory of the kernel and every process it starts
 (TRL's launcher and its ranks, pytest) is summed every ``--interval`` seconds; the peak of that sum
 is the chapter's ``peak_rss_mib``; ``top_cells`` names the three code cells (by id) that raised the running
-peak the most, and ``cells`` lists every code cell's peak and its resident memory at its end:
-where to look when a chapter is over its limit; ``machine`` names the CPU it ran on and whether bf16
+peak the most, and ``cells`` lists every code cell's peak, its resident memory at its end and its
+seconds: where to look when a chapter is over its limit; ``slowest_cells`` names the five code cells
+that took longest, where to look when a chapter is over its 15 minutes; ``machine`` names the CPU it ran on and whether bf16
 is native there (the top-level ``machine`` is the last run's). The results are merged into ``--out`` (default
 ``grpo_course/measurements/memory.json``, package data, written atomically after every pair, so an interrupted run keeps what it
 measured and the notebooks' :func:`grpo_course.infra.memory.check_memory` reads it). One JSON line
@@ -90,9 +91,11 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float,
             try:
                 for index, cell in enumerate(nb.cells):
                     sampler.take_window()
+                    began = time.perf_counter()
                     client.execute_cell(cell, index)
                     if cell.cell_type == "code":
-                        cells.append((cell.get("id", str(index)), *sampler.take_window()))
+                        cells.append((cell.get("id", str(index)), *sampler.take_window(),
+                                      time.perf_counter() - began))
             except CellExecutionError as exc:
                 error = " ".join(str(exc).split())[-300:]
             finally:
@@ -104,10 +107,10 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float,
     finally:
         shutil.rmtree(work, ignore_errors=True)
     top = [{"cell": cid, "peak_rss_mib": mib(peak), "rise_mib": mib(rise)}
-           for rise, cid, peak in sorted(peak_rises(cells), reverse=True)[:3] if rise > 0]
+           for rise, cid, peak in sorted(peak_rises([c[:3] for c in cells]), reverse=True)[:3] if rise > 0]
     return {"peak_rss_mib": mib(peak), "wall_s": round(wall, 1), "ok": error is None,
-            "top_cells": top,
-            "cells": [[cid, mib(peak), mib(end)] for cid, peak, end in cells],
+            "top_cells": top, "slowest_cells": slowest_cells(cells),
+            "cells": [[cid, mib(peak), mib(end), round(s, 1)] for cid, peak, end, s in cells],
             **({"error": error} if error else {}), "date": time.strftime("%Y-%m-%d %H:%M"),
             "commit": git_commit(), "machine": machine_facts()}
 
@@ -153,6 +156,14 @@ def peak_rises(cells: list[tuple[str, int, int]]) -> list[tuple[int, str, int]]:
         rises.append((max(0, peak - high), cid, peak))
         high = max(high, peak)
     return rises
+
+
+def slowest_cells(cells: list[tuple[str, int, int, float]], n: int = 5) -> list[dict]:
+    """The ``n`` code cells that took longest (id, seconds, share of the chapter's cell time): where
+    a page's minutes go, for fitting it to its budget."""
+    total = sum(c[3] for c in cells) or 1.0
+    return [{"cell": cid, "seconds": round(s, 1), "share": round(s / total, 3)}
+            for cid, _, _, s in sorted(cells, key=lambda c: -c[3])[:n]]
 
 
 def git_commit() -> str | None:

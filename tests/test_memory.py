@@ -101,13 +101,19 @@ def test_binder_profile_keeps_the_full_recipe_with_less_memory():
     assert binder.short.per_step_completions % binder.short.num_generations == 0
 
 
-def test_peak_rises_name_the_cell_that_added_the_memory():
+def _bench_memory():
+    """``bench/memory.py`` as a module."""
     import importlib.util
     from pathlib import Path
     spec = importlib.util.spec_from_file_location(
         "bench_memory", Path(__file__).resolve().parents[1] / "bench" / "memory.py")
     bench_memory = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_memory)
+    return bench_memory
+
+
+def test_peak_rises_name_the_cell_that_added_the_memory():
+    bench_memory = _bench_memory()
     cells = [("load", 600, 600), ("train", 2000, 1900), ("plot", 1950, 1950), ("eval", 2100, 1900)]
     assert bench_memory.peak_rises(cells) == [(600, "load", 600), (1400, "train", 2000),
                                               (0, "plot", 1950), (100, "eval", 2100)]
@@ -252,14 +258,18 @@ def test_memory_table_names_the_machine_of_each_entry():
 
 
 def test_bench_keeps_the_old_machine_record_with_the_entries_it_described():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "bench_memory", Path(__file__).resolve().parents[1] / "bench" / "memory.py")
-    bench_memory = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_memory)
+    bench_memory = _bench_memory()
     old = {"cpu": "X", "avx512_bf16": True, "amx_bf16": False, "native_bf16": True, "torch": "2"}
     own = {"cpu": "Y", "native_bf16": False}
     results = {"01": {"binder": {}, "full": {"machine": own}}}
     out = bench_memory.with_machines(results, old)
     assert out["01"]["binder"]["machine"] == {k: old[k] for k in bench_memory.MACHINE_KEYS}
     assert out["01"]["full"]["machine"] == own
+
+
+def test_slowest_cells_name_where_a_page_spends_its_minutes():
+    bench_memory = _bench_memory()
+    cells = [("load", 600, 600, 10.0), ("train", 2000, 1900, 60.0), ("plot", 1950, 1950, 1.0),
+             ("eval", 2100, 1900, 29.0)]
+    assert bench_memory.slowest_cells(cells, n=2) == [{"cell": "train", "seconds": 60.0, "share": 0.6},
+                                                      {"cell": "eval", "seconds": 29.0, "share": 0.29}]
