@@ -93,15 +93,15 @@ def test_make_reference_run_screens_as_the_committed_run_did():
     """The committed pool was screened 8 prompts at a time (the fixed batch before the screening
     took a sampling round's prompts); the recipe on the full profile still decodes 8 a round, so
     `make reference-run` screens the same blocks with the same seeds and keeps the same prompts."""
-    from dataclasses import fields, replace
+    from dataclasses import replace
 
     from grpo_course.config import FULL_BY_CPU, RECIPES_DIR, load_recipe
-    from grpo_course.core.runs import load_run_config
-    committed = load_run_config(ROOT / "data" / "runs" / "reference")
-    pool = json.loads((ROOT / "data" / "runs" / "reference" / "pool.json").read_text())
-    names = {f.name for f in fields(FULL_BY_CPU["fp32"].grpo)}
+    from grpo_course.core.runs import RUN_KEYS, load_run_config
+    from grpo_course.measure.reference import REFERENCE_RUN
+    committed = {k: v for k, v in load_run_config(REFERENCE_RUN).items() if k not in RUN_KEYS}
+    pool = json.loads((REFERENCE_RUN / "pool.json").read_text())
     for full in FULL_BY_CPU.values():
         recipe = replace(full.grpo, **load_recipe(RECIPES_DIR / "reference_run.yaml"))
         assert recipe.prompts_per_round == 8 and recipe.pool_prompts == pool["screened"]
-        ran = replace(full.grpo, **{k: v for k, v in committed.items() if k in names})
-        assert ran.prompts_per_round == 8 and ran.pool_samples in (None, pool["samples"])
+        ran = replace(full.grpo, **committed)
+        assert ran.prompts_per_round == 8 and (ran.pool_samples or ran.num_generations) == pool["samples"]
