@@ -89,10 +89,31 @@ def test_the_tests_run_end_to_end_on_a_short_real_run(real_gsm8k_dir, tmp_path):
     assert first["sampled"]["before"]["entropy"] > 0 and isinstance(out["verdict"]["passed"], bool)
 
 
+def test_a_samples_only_recheck_runs_no_greedy_test(monkeypatch):
+    """Chapter 3's live re-check compares sampled counts only: with ``greedy=False`` no greedy
+    evaluation runs (each costs two model loads and a decoding), and the verdict still comes out."""
+    from grpo_course.measure import reference
+
+    calls = []
+    monkeypatch.setattr(reference, "held_out_rows", lambda split, n, offset, lines_left: list(range(n)))
+    monkeypatch.setattr(reference, "sampled_test", lambda before, after, rows, samples, progress: (
+        calls.append(("sampled", len(rows))) or
+        {"pass_at_1": {"difference": 0.1, "p_value": 0.01}, "after": {"format_rate": 1.0}}))
+    monkeypatch.setattr(reference, "greedy_test", lambda *a, **k: calls.append(("greedy",)) or {"n": 0})
+    out = reference.reference_tests("run", slices=((512, 516), (768, 772)), samples=2,
+                                    transfer=False, greedy=False, progress=False)
+    assert calls == [("sampled", 4), ("sampled", 4)]
+    assert all("greedy" not in s for s in out["slices"]) and out["verdict"]["passed"] is True
+    calls.clear()
+    out = reference.reference_tests("run", slices=((512, 516),), samples=2, transfer=False, progress=False)
+    assert calls == [("sampled", 4), ("greedy",)] and out["slices"][0]["greedy"] == {"n": 0}
+
+
 def test_make_reference_run_screens_as_the_committed_run_did():
     """The committed pool was screened 8 prompts at a time (the fixed batch before the screening
     took a sampling round's prompts); the recipe on the full profile still decodes 8 a round, so
-    `make reference-run` screens the same blocks with the same seeds and keeps the same prompts."""
+    `make reference-run` screens the same blocks with the same seeds and keeps the same prompts,
+    after the same warm-up (the recipe pins its length)."""
     from dataclasses import replace
 
     from grpo_course.config import FULL_BY_CPU, RECIPES_DIR, load_recipe
@@ -104,4 +125,5 @@ def test_make_reference_run_screens_as_the_committed_run_did():
         recipe = replace(full.grpo, **load_recipe(RECIPES_DIR / "reference_run.yaml"))
         assert recipe.prompts_per_round == 8 and recipe.pool_prompts == pool["screened"]
         ran = replace(full.grpo, **committed)
+        assert recipe.sft_steps == ran.sft_steps        # its own warm-up, whatever the profile's
         assert ran.prompts_per_round == 8 and (ran.pool_samples or ran.num_generations) == pool["samples"]
