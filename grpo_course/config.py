@@ -550,8 +550,8 @@ PROFILES: dict[str, Profile] = {
     ),
     "full": Profile(
         name="full",
-        # 512 held-out problems: a gain of a few points needs that many for a paired test (fp32: 128,
-        # with intervals that say so)
+        # 512 held-out problems: a gain of a few points needs that many for a paired test (fp32:
+        # fewer, with intervals that say so)
         eval=EvalConfig(n=512, batch_size=32, max_new_tokens=200),
         # recipe: a LoRA SFT warm-up on GSM8K train solutions (the shared warm start, trained in
         # chapter 2), then GRPO (chapter 3): G = 8, 8 prompts sampled a round and the 4 whose
@@ -622,21 +622,27 @@ def _binder_profile(full: Profile) -> Profile:
 
 def _fp32_profile(full: Profile) -> Profile:
     """The full profile's lessons on a CPU without native bf16, where the sampler and the training
-    pass run in fp32 (slower: ``bench/throughput.py``), each chapter still within 15 minutes on 2
-    cores (``make book`` on a clean clone prints each page's minutes): fewer held-out problems
-    (the intervals say so: chapters 1-2 and 4-6, and the warm start's greedy check at the start on
-    the first rows of chapter 3's slices), fewer reward samples in chapter 2, fewer GRPO steps in
-    chapters 3-5 (two a stage in chapter 5: EWC acts from a stage's second step), fewer live
-    samples on chapter 3's second page (the same rows), one timed step and fewer thread counts
-    and lever settings in chapter 7. The recipe, the warm start and each test's design stay."""
+    pass run in fp32 (slower: ``bench/throughput.py``), each chapter within 15 minutes on 2 cores
+    where its parts allow (``make book`` on a clean clone prints each page's minutes;
+    ``bench/memory.py --profiles full`` each cell's seconds): fewer held-out problems (the
+    intervals say so: chapters 1-2 and 4-6, chapter 3's whole-problem test, a whole evaluation
+    block so that chapters 3 and 4 reuse chapters 1-2's records, and the warm start's greedy check
+    at the start on the first rows of chapter 3's slices), fewer reward samples in chapter 2, fewer
+    GRPO steps in chapters 3-5 (two a stage in chapter 5: EWC acts from a stage's second step),
+    on chapter 3's second page a smaller screened pool, fewer pass@k problems (whole sampling
+    rounds) and fewer live re-sampled problems of the reference run (the same rows), one timed
+    step and fewer thread counts and lever settings in chapter 7. The recipe (its warm start
+    included) and each test's design stay."""
     return replace(
         full,
-        eval=replace(full.eval, n=128),
+        eval=replace(full.eval, n=64),
         grpo=replace(full.grpo, max_steps=4),
         rewards=replace(full.rewards, prompts=4),
-        start=replace(full.start, samples=8, slices=tuple((lo, lo + 32) for lo, _ in full.start.slices)),
-        ref=replace(full.ref, live_problems=8),
-        trl=replace(full.trl, max_steps=4, eval_n=64),
+        start=replace(full.start, samples=8, pass_k_problems=8, whole_problems=64,
+                      changes={**full.start.changes, "pool_prompts": 48},
+                      slices=tuple((lo, lo + 32) for lo, _ in full.start.slices)),
+        ref=replace(full.ref, live_problems=4),
+        trl=replace(full.trl, max_steps=3, eval_n=64),
         cl=replace(full.cl, steps_per_stage=2, eval_n=16),
         quant=replace(full.quant, eval_n=48, policy_steps=4),   # no longer than chapter 3's run
         prof=replace(full.prof, steps=1, threads=(1, 2, 4), scaling_length=16, lever_generations=(2, 4),
