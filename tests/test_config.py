@@ -104,8 +104,8 @@ def test_the_full_profile_is_sized_to_the_cpu(monkeypatch):
     assert all(b[k] >= _sizes(smoke)[k] for k in changed if k in _sizes(smoke)), changed
     assert slow.grpo.max_steps > smoke.grpo.max_steps
     assert replace(slow.grpo, max_steps=fast.grpo.max_steps) == fast.grpo          # the same recipe
-    grown = {k for k in fast.start.changes if slow.start.changes[k] != fast.start.changes[k]}
-    assert grown <= {"pool_prompts"} and slow.start.changes["pool_prompts"] <= fast.start.changes["pool_prompts"]
+    differ = {k for k in fast.start.changes if slow.start.changes[k] != fast.start.changes[k]}
+    assert differ <= {"pool_prompts"} and slow.start.changes["pool_prompts"] <= fast.start.changes["pool_prompts"]
     assert slow.ref.slices == fast.ref.slices and slow.ref.samples == fast.ref.samples   # the fixed test
     assert [lo for lo, _ in slow.start.slices] == [lo for lo, _ in fast.start.slices]
     assert slow.start.whole_problems <= slow.eval.n and slow.trl.eval_n <= slow.eval.n

@@ -85,11 +85,11 @@ def reference_tests(run: str | Path = REFERENCE_RUN, slices=SLICES, samples: int
                            "slices": []}
     for lo, hi in slices:
         rows = held_out_rows("test", hi - lo, lo, lines_left=LINES_LEFT)
-        out["slices"].append({"rows": [lo, hi], "n": len(rows),
-                              "sampled": sampled_test(before, after, rows, samples,
-                                                      progress=progress)})
+        tested = {"rows": [lo, hi], "n": len(rows),
+                  "sampled": sampled_test(before, after, rows, samples, progress=progress)}
         if greedy:
-            out["slices"][-1]["greedy"] = greedy_test(before, after, rows, LINES_LEFT, progress)
+            tested["greedy"] = greedy_test(before, after, rows, LINES_LEFT, progress)
+        out["slices"].append(tested)
     out["verdict"] = primary_verdict(out["slices"])
     if transfer:
         lo, hi = slices[0]
