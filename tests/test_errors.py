@@ -349,6 +349,9 @@ def test_quantize_corrupt_variant_description(tmp_path, capsys):
     ("learning_curve", ["--steps", "0,x"], ["--steps", "'0,x'"]),
     ("learning_curve", ["--val_n", "1"], ["--val_n", "1"]),
     ("reference_test", ["--run", "{tmp}"], ["--run", "'{tmp}'", "not a finished run folder"]),
+    ("sft_step", ["--steps", "0"], ["--steps", "0"]),
+    ("sft_step", ["--steps", "two"], ["--steps", "'two'"]),
+    ("sft_step", ["--out", "{tmp}"], ["--out", "{tmp}"]),
 ])
 def test_bench_bad_options(script, args, values, tmp_path, capsys):
     fill = lambda s: s.replace("{tmp}", str(tmp_path))

@@ -163,7 +163,26 @@ def test_per_token_logps_shared_prompt_equals_full_forward():
     torch.testing.assert_close(shared[cmask == 1], naive[cmask == 1], atol=1e-5, rtol=1e-5)
     repeated = per_token_logps(model, enc["input_ids"].repeat_interleave(G, 0),
                                enc["attention_mask"].repeat_interleave(G, 0), comp, cmask, 0.7)
-    torch.testing.assert_close(shared, repeated, atol=1e-5, rtol=1e-5)
+    # one row a prompt takes one pass over prompt + completion: the same log-probs where the
+    # completion mask is 1 (its padded positions are never read)
+    torch.testing.assert_close(shared[cmask == 1], repeated[cmask == 1], atol=1e-5, rtol=1e-5)
+
+
+def test_one_completion_a_prompt_takes_one_pass_and_a_group_two():
+    """G = 1 (the warm-up's solutions): one decoder pass over prompt + completion; G > 1: the
+    prompt once, then its completions on its shared key/value cache."""
+    model, tok = tiny_model(), tiny_tokenizer()
+    enc = tok(["<s>what is 2+3?<s>", "<s>7*8<s>"], return_tensors="pt", padding=True)
+    calls = []
+    handle = model.get_decoder().register_forward_hook(lambda *_: calls.append(1))
+    try:
+        for G in (1, 3):
+            calls.clear()
+            comp = torch.randint(4, 50, (2 * G, 5), generator=torch.Generator().manual_seed(G))
+            per_token_logps(model, enc["input_ids"], enc["attention_mask"], comp, torch.ones_like(comp))
+            assert len(calls) == (1 if G == 1 else 2), G
+    finally:
+        handle.remove()
 
 
 @pytest.mark.heavy

@@ -240,14 +240,16 @@ def completion_hidden_states(model, prompt_ids: torch.Tensor, prompt_mask: torch
                              completion_ids: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
     """The last hidden states ``[B, T, H]`` that predict each completion token. ``prompt_ids`` is
     ``[B, Lp]`` or ``[P, Lp]`` with ``B = P * G``: each prompt then runs once and its key/value
-    cache is shared by its G completions (gradients still flow through the prompt positions)."""
+    cache is shared by its G completions (gradients still flow through the prompt positions).
+    With one completion a prompt (G = 1: the warm-up's solutions, a gold continuation) there is
+    nothing to share, and one pass over prompt + completion is faster than two (``bench/sft_step.py``)."""
     B, P = completion_ids.shape[0], prompt_ids.shape[0]
     if B % P:
         raise ValueError(f"{B} completions do not split over {P} prompts")
     G = B // P
     decoder = model.get_decoder()
     prompt_mask = prompt_mask.to(completion_mask.dtype)
-    if uses_activation_checkpointing(model) and model.training:
+    if G == 1 or (uses_activation_checkpointing(model) and model.training):
         # activation checkpointing recomputes each layer in the backward pass, which a key/value
         # cache cannot survive: one pass over prompt + completion per row instead
         return _hidden_without_cache(decoder, prompt_ids.repeat_interleave(G, 0),

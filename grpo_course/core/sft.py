@@ -87,6 +87,7 @@ class SFTWarmup:
         # Two speed-ups for short sequences on a CPU (bench/throughput.py times the steps):
         # the frozen base weights cast to bf16 once instead of on every product, and the
         # plain ("math") attention kernel, whose backward beats the flash kernel's at ~200 tokens.
+        # (per_token_logps takes one pass over prompt + solution here: bench/sft_step.py)
         with frozen_linear_weights_as(self.model, torch.bfloat16 if self._sft_in_bf16() else None), \
                 sdpa_kernel(SDPBackend.MATH):
             for _ in tqdm(range(self.sft_done, steps), desc="sft", leave=False):
