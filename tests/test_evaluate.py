@@ -203,6 +203,20 @@ def test_answers_side_by_side_switches_adapters_and_restores_them():
     assert all(torch.equal(after[k], second[k]) for k in second)      # the model's weights came back
 
 
+def test_recorded_answers_read_an_evaluation_s_own_completions():
+    from grpo_course.measure.evaluate import EvalResult, recorded_answers
+
+    def result(texts):
+        return EvalResult.from_records([{"idx": 7 + i, "correct": False, "formatted": True, "completion": t}
+                                        for i, t in enumerate(texts)])
+    results = {"base": result(["2 + 2 = 5\n#### 5", "x"]), "after GRPO": result(["2 + 2 = 4\n#### 4", "y"])}
+    rows = recorded_answers(results, 7, gold="4")
+    assert [(r["model"], r["answer"], r["correctness"]) for r in rows] == [("base", "5", -0.5), ("after GRPO", "4", 3.0)]
+    assert rows[1]["completion"] == "2 + 2 = 4\n#### 4"
+    with pytest.raises(ValueError, match="no record of problem 9"):
+        recorded_answers(results, 9)
+
+
 def test_eval_blocks_make_a_prefix_reuse_the_cache_of_a_longer_run(gsm8k_dir, tmp_path, monkeypatch):
     """Rows are decoded in blocks of EVAL_BLOCK: the first block's records do not depend on the rows
     after it, so an evaluation of a prefix reuses the cached blocks of a longer one."""

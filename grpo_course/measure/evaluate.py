@@ -458,6 +458,18 @@ def run_configs(names: Sequence[str]) -> dict[str, dict[str, Any]]:
     return configs
 
 # ---------------------------------------------------------------- ask the models
+def _answer_row(name: str, text: str, gold: str | None, solution: str | None) -> dict[str, Any]:
+    """One model's answer: its text, its ``#### N`` and, with a ``gold`` answer, its rewards."""
+    row = {"model": name, "answer": extract_hash_answer(text), "completion": text}
+    if gold is not None:
+        names = ["correctness", "exact_format", "number_extraction"] + \
+            (["intermediate_results"] if solution is not None else [])
+        scores = score_completions([text], [gold], names,
+                                   solutions=None if solution is None else [solution])
+        row.update({k: v[0] for k, v in scores.items()})
+    return row
+
+
 def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict | None],
                          gold: str | None = None, solution: str | None = None,
                          max_new_tokens: int = 200) -> list[dict[str, Any]]:
@@ -475,16 +487,22 @@ def answers_side_by_side(model, tokenizer, question: str, states: dict[str, dict
             with off:
                 text = sample_completions(model, tokenizer, [chat_prompt(question, tokenizer)], 1,
                                           max_new_tokens, temperature=0.0).completions[0]
-            row = {"model": name, "answer": extract_hash_answer(text), "completion": text}
-            if gold is not None:
-                names = ["correctness", "exact_format", "number_extraction"] + \
-                    (["intermediate_results"] if solution is not None else [])
-                scores = score_completions([text], [gold], names,
-                                           solutions=None if solution is None else [solution])
-                row.update({k: v[0] for k, v in scores.items()})
-            rows.append(row)
+            rows.append(_answer_row(name, text, gold, solution))
     finally:
         set_adapter_state(model, current)
+    return rows
+
+
+def recorded_answers(results: dict[str, EvalResult], idx: int, gold: str | None = None,
+                     solution: str | None = None) -> list[dict[str, Any]]:
+    """The rows of :func:`answers_side_by_side` for problem ``idx`` of greedy evaluations that
+    held it (name -> :class:`EvalResult`), read from their records instead of decoded again."""
+    rows = []
+    for name, result in results.items():
+        record = next((r for r in result.records if r["idx"] == idx), None)
+        if record is None:
+            raise ValueError(f"the evaluation {name!r} has no record of problem {idx}")
+        rows.append(_answer_row(name, record["completion"], gold, solution))
     return rows
 
 
