@@ -640,7 +640,7 @@ def _fp32_profile(full: Profile) -> Profile:
         rewards=replace(full.rewards, prompts=4),
         start=replace(full.start, samples=8, pass_k_problems=8, whole_problems=64,
                       changes={**full.start.changes, "pool_prompts": 48},
-                      slices=tuple((lo, lo + 32) for lo, _ in full.start.slices)),
+                      slices=tuple((lo, lo + 16) for lo, _ in full.start.slices)),
         ref=replace(full.ref, live_problems=4),
         trl=replace(full.trl, max_steps=3, eval_n=64),
         cl=replace(full.cl, steps_per_stage=2, eval_n=16),
