@@ -4,7 +4,7 @@ model (:func:`per_token_logps`, step 2 of :mod:`grpo_course.core.grpo`), made fa
 - :func:`per_token_logps`: log p of each sampled completion token ``[B, T]``, differentiable;
 - :func:`completion_hidden_states`: the last hidden states that predict each completion token
   (each prompt run once and its key/value cache shared by its G completions, or one pass per
-  row under activation checkpointing);
+  row where a prompt has one completion or under activation checkpointing);
 - :func:`head_token_logps`: log p(token) and the entropy from those states, a chunk of the
   vocabulary-wide logits at a time (with the gradient rows known in closed form for a frozen
   output layer, as under LoRA);
@@ -250,8 +250,9 @@ def completion_hidden_states(model, prompt_ids: torch.Tensor, prompt_mask: torch
     decoder = model.get_decoder()
     prompt_mask = prompt_mask.to(completion_mask.dtype)
     if G == 1 or (uses_activation_checkpointing(model) and model.training):
-        # activation checkpointing recomputes each layer in the backward pass, which a key/value
-        # cache cannot survive: one pass over prompt + completion per row instead
+        # one completion a prompt: no cache to share. Activation checkpointing recomputes each
+        # layer in the backward pass, which a key/value cache cannot survive. Either way: one
+        # pass over prompt + completion per row
         return _hidden_without_cache(decoder, prompt_ids.repeat_interleave(G, 0),
                                      prompt_mask.repeat_interleave(G, 0), completion_ids,
                                      completion_mask)
