@@ -46,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(a) -> int:
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from grpo_course.config import get_profile
     from grpo_course.core import policy
@@ -72,7 +71,7 @@ def _run(a) -> int:
     seconds = {w: [] for w in ways}
     losses = {w: [] for w in ways}
     tokens = []
-    with sdpa_kernel(SDPBackend.MATH):        # as SFTWarmup.sft runs its steps
+    with trainer.sft_kernels():               # as SFTWarmup.sft runs its steps
         for step in range(a.steps + 1):
             picked = trainer._sft_rows(step)
             rows = {k: [r[k] for r in picked] for k in picked[0]}

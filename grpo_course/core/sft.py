@@ -7,6 +7,7 @@ the solution tokens only, bf16 autocast where native, rows sorted by length with
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Self
 
@@ -59,6 +60,17 @@ class SFTWarmup:
         return {"phase": "sft", "sft_step": self.sft_done, "loss": float(loss.detach()),
                 "step_seconds": time.perf_counter() - start}
 
+    @contextlib.contextmanager
+    def sft_kernels(self):
+        """The warm-up's CPU kernels for a while: two speed-ups for short sequences (bench/throughput.py
+        and bench/sft_step.py time the steps): the frozen base weights cast to bf16 once instead of
+        on every product (where the warm-up runs in bf16), and the plain ("math") attention kernel,
+        whose backward beats the flash kernel's at ~200 tokens. (per_token_logps takes one pass over
+        prompt + solution here.)"""
+        with frozen_linear_weights_as(self.model, torch.bfloat16 if self._sft_in_bf16() else None), \
+                sdpa_kernel(SDPBackend.MATH):
+            yield
+
     def _sft_in_bf16(self) -> bool:
         """Whether the warm-up's matrix products run in bf16 (``sft_dtype``, resolved)."""
         return resolve_sampling_dtype(self.config.sft_dtype) == torch.bfloat16
@@ -84,12 +96,7 @@ class SFTWarmup:
             self.sft_optimizer = self._make_sft_optimizer()
         optimizer = self.sft_optimizer
         rows_out = []
-        # Two speed-ups for short sequences on a CPU (bench/throughput.py times the steps):
-        # the frozen base weights cast to bf16 once instead of on every product, and the
-        # plain ("math") attention kernel, whose backward beats the flash kernel's at ~200 tokens.
-        # (per_token_logps takes one pass over prompt + solution here: bench/sft_step.py)
-        with frozen_linear_weights_as(self.model, torch.bfloat16 if self._sft_in_bf16() else None), \
-                sdpa_kernel(SDPBackend.MATH):
+        with self.sft_kernels():
             for _ in tqdm(range(self.sft_done, steps), desc="sft", leave=False):
                 picked = self._sft_rows(self.sft_done)
                 row = self.sft_step({k: [r[k] for r in picked] for k in picked[0]}, optimizer)
