@@ -361,6 +361,13 @@ class TRLSizes:
                                      # like GRPOConfig.train_micro_batch
 
 
+#: what chapter 5's stages take from the main run's start (:attr:`Profile.curriculum_run`): its
+#: rewards, DAPO's filter and its order of prompts. A field the main run gains stays out until it
+#: is named here (its start, budget and pool never come in: each stage has its own).
+CURRICULUM_TAKES = ("reward_weights", "mask_truncated_completions", "dynamic_sampling_reward",
+                    "max_sampling_rounds", "prompt_order")
+
+
 @dataclass(frozen=True)
 class CurriculumSizes:
     """Chapter 5: R3's reverse curriculum (its stages each tested on their own start), a shuffled
@@ -493,9 +500,7 @@ class Profile:
         rewards and filter (each stage's rows carry their own start), chapter 5's completion
         budget and learning rate, from the warm start (no new SFT), without the main run's prompt
         pool (a screening at one start says nothing of the next stage's)."""
-        own = {k: v for k, v in self.start.changes.items()
-               if k not in ("lines_left", "generation_batch_size", "max_completion_length",
-                            "prompt_pool", "pool_prompts", "pool_samples")}
+        own = {k: v for k, v in self.start.changes.items() if k in CURRICULUM_TAKES}
         return self.short_run(**own, max_completion_length=self.cl.max_completion_length,
                               sft_steps=0, learning_rate=self.cl.learning_rate)
 

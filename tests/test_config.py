@@ -162,6 +162,25 @@ def test_main_run_is_the_recipe_at_the_reverse_curriculum_start():
     assert all(p.curriculum_run.prompt_pool == "all" for p in PROFILES.values())
 
 
+def test_chapter_5_takes_the_main_run_s_rewards_and_filter_and_nothing_else():
+    """Chapter 5's steps take the fields named in CURRICULUM_TAKES from the main run's start; its
+    other changes (the start, the pool, the sampling round's size) stay the short run's, and the
+    budget is chapter 5's."""
+    from grpo_course import config
+
+    profiles = [*config.FULL_BY_CPU.values(), *(config._binder_profile(f) for f in config.FULL_BY_CPU.values()),
+                config.PROFILES["smoke"]]
+    for profile in profiles:
+        run, short, main = profile.curriculum_run, profile.short_run(), profile.main_run
+        assert {"reward_weights", "dynamic_sampling_reward"} <= set(profile.start.changes)
+        for key in set(profile.start.changes) - {"max_completion_length"}:   # chapter 5's own
+            want = getattr(main if key in config.CURRICULUM_TAKES else short, key)
+            assert getattr(run, key) == want, (profile.name, key)
+        assert (run.dynamic_sampling_reward, run.prompt_order) == ("correctness", main.prompt_order)
+        assert (run.sft_steps, run.learning_rate) == (0, profile.cl.learning_rate)
+        assert run.max_completion_length == profile.cl.max_completion_length
+
+
 def test_every_profile_but_smoke_gives_ewc_a_step_to_act():
     """EWC's penalty and its gradient are zero at the anchor, so a stage's first step is the same
     with and without it: chapter 5's comparison needs at least two steps a stage."""
