@@ -71,6 +71,97 @@ def test_a_finished_run_is_exported_in_bf16_with_its_machine_and_hours(tmp_path)
     assert (out / "pool.json").is_file() and (out / "metrics.jsonl").is_file()
 
 
+def test_the_learning_curve_keeps_each_step_s_samples_and_resumes(tmp_path, monkeypatch):
+    """A stopped learning-curve bench resumes: a step tested before is read back from the cache,
+    the same records; another adapter (or other rows) is sampled again."""
+    from grpo_course.measure.evaluate import SampledResult
+    bench = _bench("learning_curve")
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def sampled(model, rows, samples, budget, temperature, seed, batch_prompts, sampling_dtype):
+        calls.append(model)
+        records = [{"idx": r["idx"], "right": len(calls), "formatted": samples} for r in rows]
+        return SampledResult(samples, records, 1.5, model)
+
+    monkeypatch.setattr(bench, "evaluate_sampled", sampled)
+    a, b = tmp_path / "a", tmp_path / "b"
+    _adapter(a)
+    _adapter(b)
+    rows = [{"idx": i, "question": f"q{i}", "answer": f"#### {i}", "start": "s"} for i in range(3)]
+    first = bench.validation_samples(a, rows, 4, 64)
+    again = bench.validation_samples(a, rows, 4, 64)
+    assert calls == [str(a)] and again.records == first.records and again.seconds == 1.5
+    assert bench.validation_samples(b, rows, 4, 64).records[0]["right"] == 2       # other weights
+    bench.validation_samples(a, rows[:2], 4, 64)                                    # other rows
+    bench.validation_samples(a, rows, 2, 64)                                        # other samples
+    assert calls == [str(a), str(b), str(a), str(a)]
+
+
+def _curve_run(folder: Path, lr: float, lines_left: int = 1, sft: Path | None = None) -> None:
+    """A run folder as the learning curve reads it: its config, log, warm start (a copy of
+    ``sft``'s, or new) and step 20."""
+    import shutil
+
+    from grpo_course.config import GRPOConfig
+    from grpo_course.core.runs import save_run_config
+    save_run_config(folder, GRPOConfig(train_offset=512, lines_left=lines_left, learning_rate=lr))
+    if sft:
+        shutil.copytree(sft, folder / "sft")
+    else:
+        _adapter(folder / "sft")
+    _adapter(folder / "steps" / "20")
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(
+        {"phase": "grpo", "step": i, "step_seconds": 30.0, "prompts_sampled": 8, "informative_groups": 4,
+         "correct_mixed_groups": 4, "trained_correct_mixed": 3}) + "\n" for i in range(20)))
+
+
+def test_the_learning_curve_compares_runs_on_the_same_rows_and_names_the_best(tmp_path, monkeypatch, capsys):
+    """Two runs (two learning rates) side by side: a curve each, on the same problems, and the best
+    (run, step) on validation."""
+    from grpo_course.measure.evaluate import SampledResult
+    bench = _bench("learning_curve")
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    a, b = tmp_path / "a", tmp_path / "b"
+    _curve_run(a, 3e-4)
+    _curve_run(b, 1e-4, sft=a / "sft")
+    right = {str(a / "sft"): 1, str(a / "steps" / "20"): 3, str(b / "sft"): 1, str(b / "steps" / "20"): 2,
+             str(a / "steps" / "40"): 3}
+
+    def sampled(model, rows, samples, budget, temperature, seed, batch_prompts, sampling_dtype):
+        return SampledResult(samples, [{"idx": r["idx"], "right": right[model] if r["idx"] else 0,
+                                        "formatted": samples} for r in rows], 1.0, model)
+
+    monkeypatch.setattr(bench, "evaluate_sampled", sampled)
+    monkeypatch.setattr(bench, "held_out_rows", lambda split, n, offset, lines_left: [
+        {"idx": i, "question": f"q{i}", "answer": "#### 1", "start": "s"} for i in range(n)])
+    out_file = tmp_path / "curve.json"
+    assert bench.main(["--run", str(a), "--run", str(b), "--steps", "20", "--val_n", "4",
+                       "--samples", "4", "--out", str(out_file)]) == 0
+    out = json.loads(out_file.read_text())
+    first, second = out["curves"]
+    assert [p["step"] for p in first["points"]] == [0, 20] and second["recipe"]["learning_rate"] == 1e-4
+    assert first["points"][1]["right"] == [0, 3, 3, 3]
+    assert second["points"][1]["right"] == [0, 2, 2, 2]
+    assert second["points"][1]["vs_step_0"]["up"] == 3 and first["training"]["steps"] == 20
+    assert out["best"] == {"run": str(a), "learning_rate": 3e-4, "step": 20, "pass_at_1": 9 / 16}
+    # runs that differ in more than the learning rate and the steps are not compared
+    _curve_run(tmp_path / "c", 1e-4, lines_left=2, sft=a / "sft")
+    _curve_run(tmp_path / "d", 1e-4)
+    capsys.readouterr()
+    for other, says in (("c", "differs from"), ("d", "warm start")):
+        assert bench.main(["--run", str(a), "--run", str(tmp_path / other), "--val_n", "4", "--steps", "20",
+                           "--out", str(out_file)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and str(tmp_path / other) in err and err.count("\n") == 1
+    # each run is tested on the steps it kept: one without step 40 still gives its 0 and 20
+    _adapter(a / "steps" / "40")
+    assert bench.main(["--run", str(a), "--run", str(b), "--steps", "20,40", "--val_n", "4",
+                       "--samples", "4", "--out", str(out_file)]) == 0
+    out = json.loads(out_file.read_text())
+    assert [[p["step"] for p in c["points"]] for c in out["curves"]] == [[0, 20, 40], [0, 20]]
+
+
 @pytest.mark.slow
 def test_the_tests_run_end_to_end_on_a_short_real_run(real_gsm8k_dir, tmp_path):
     """A one-step run of the bundled model (its sft/ beside it) through every test, tiny sizes."""
