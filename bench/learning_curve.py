@@ -23,7 +23,6 @@ sampling and the code), so a bench stopped part way resumes at the first step it
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 import sys
@@ -42,7 +41,7 @@ from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.errors import OneLineArgumentParser, report
 from grpo_course.infra.fingerprint import code_fingerprint, data_hash, file_hash
 from grpo_course.infra.hardware import bench_facts
-from grpo_course.infra.paths import cache_dir
+from grpo_course.infra.paths import cache_dir, keyed_cache_file, read_cached
 from grpo_course.measure.evaluate import SampledResult, compare_sampled, evaluate_sampled, held_out_rows
 
 SEED = 20250   # the validation samples' seed: the same for every step, so the steps are paired
@@ -73,14 +72,10 @@ def validation_samples(folder: Path, rows, samples: int, budget: int) -> Sampled
            "temperature": 1.0, "seed": SEED, "batch_prompts": BATCH_PROMPTS,
            "dtype": str(resolve_sampling_dtype("auto") or "float32"),     # bf16 where native
            "code": code_fingerprint("grpo_course.measure.evaluate")}
-    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    path = cache_dir() / "validation" / f"{name}.json"
-    try:
-        stored = json.loads(path.read_text())
-        if stored["key"] == key:
-            return SampledResult(samples, stored["records"], stored["seconds"], str(folder))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    path = keyed_cache_file("validation", key)
+    stored = read_cached(path, lambda s: s["key"] == key and isinstance(s["records"], list))
+    if stored is not None:
+        return SampledResult(samples, stored["records"], stored["seconds"], str(folder))
     result = evaluate_sampled(str(folder), rows, samples, budget, temperature=1.0, seed=SEED,
                               batch_prompts=BATCH_PROMPTS, sampling_dtype="auto")
     write_json_atomic(path, {"key": key, "records": result.records, "seconds": result.seconds})

@@ -138,3 +138,24 @@ def test_data_hash_follows_every_row():
     assert fingerprint.data_hash(rows) == fingerprint.data_hash([dict(r) for r in rows])
     assert fingerprint.data_hash(rows) != fingerprint.data_hash([rows[0], {**rows[1], "answer": "3"}])
     assert fingerprint.data_hash(rows) != fingerprint.data_hash(rows[:1])
+
+
+def test_a_keyed_cache_file_is_read_back_only_when_whole_and_usable(tmp_path, monkeypatch, capsys):
+    from grpo_course.infra.atomic import write_json_atomic
+    from grpo_course.infra.paths import keyed_cache_file, read_cached
+
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path))
+    key = {"weights": "abc", "rows": [1, 2]}
+    path = keyed_cache_file("pools", key)
+    assert path.parent == tmp_path / "pools"
+    assert keyed_cache_file("pools", dict(reversed(key.items()))) == path     # key order is not a key
+    assert keyed_cache_file("pools", {**key, "rows": [1, 3]}) != path
+    def usable(s):
+        return s["rows"] == [1, 2]
+    assert read_cached(path, usable) is None and capsys.readouterr().out == ""  # none yet: silent
+    write_json_atomic(path, {"rows": [1, 2], "value": 7})
+    assert read_cached(path, usable) == {"rows": [1, 2], "value": 7}
+    assert read_cached(path, lambda s: s["missing"]) is None                # stale: computed again
+    path.write_text(path.read_text()[:9])                                   # cut short
+    assert read_cached(path, usable) is None
+    assert capsys.readouterr().out.count("unreadable") == 2

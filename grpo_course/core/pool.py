@@ -13,8 +13,6 @@ rerun of a recipe screens once.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from typing import Any
 
@@ -25,7 +23,7 @@ from grpo_course.core.data import gold_start, start_prompt
 from grpo_course.core.sampling import resolve_sampling_dtype, sample_completions
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.fingerprint import code_fingerprint, data_hash, weights_fingerprint
-from grpo_course.infra.paths import cache_dir
+from grpo_course.infra.paths import keyed_cache_file, read_cached
 
 
 def sampled_blocks(model, tokenizer, rows: list, k: int, max_new_tokens: int, temperature: float,
@@ -111,14 +109,10 @@ def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int
            "seed": config.seed, "batch_prompts": batch_prompts,
            "dtype": str(resolve_sampling_dtype(config.sampling_dtype) or "float32"),
            "code": code_fingerprint("grpo_course.core.pool")}
-    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    path = cache_dir() / "pools" / f"{name}.json"
-    try:
-        stored = json.loads(path.read_text())
-        if stored["ids"] == ids and len(stored["correct"]) == len(ids):
-            return stored
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    path = keyed_cache_file("pools", key)
+    stored = read_cached(path, lambda s: s["ids"] == ids and len(s["correct"]) == len(ids))
+    if stored is not None:
+        return stored
     start = time.perf_counter()
     correct = screen_prompts(model, tokenizer, rows, samples, config.max_completion_length,
                              config.lines_left, config.temperature, config.seed,

@@ -2,8 +2,12 @@
 and the checkout itself."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from grpo_course.config import get_profile
 
@@ -29,3 +33,26 @@ def runs_dir(profile: str | None = None) -> Path:
 def project_root() -> Path:
     """The checkout holding ``grpo_course`` (the package is installed with ``pip install -e .``)."""
     return Path(__file__).resolve().parents[2]
+
+
+def keyed_cache_file(kind: str, key: dict[str, Any], digits: int = 24) -> Path:
+    """``cache_dir()/<kind>/<name>.json``, ``name`` a hash of ``key`` (everything the stored result
+    depends on, as JSON): one file per distinct ``key``."""
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:digits]
+    return cache_dir() / kind / f"{name}.json"
+
+
+def read_cached(path: Path, usable: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    """The JSON object stored at ``path`` when there is one and ``usable`` accepts it, else
+    ``None``: then the caller computes the result again and rewrites the file. A file that exists
+    but cannot be used (cut short by a full disk, say) gets one line saying so."""
+    if not path.exists():
+        return None
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if usable(stored):
+            return stored
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    print(f"cache: {path} is unreadable or stale; computing it again")
+    return None

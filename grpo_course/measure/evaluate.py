@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import hashlib
 import json
 import sys
 import textwrap
@@ -48,7 +47,7 @@ from grpo_course.core.sampling import sample_completions, sampler_dtype
 from grpo_course.infra.atomic import atomic_write, write_json_atomic
 from grpo_course.infra.errors import OneLineArgumentParser, report
 from grpo_course.infra.fingerprint import code_fingerprint, weights_fingerprint
-from grpo_course.infra.paths import cache_dir
+from grpo_course.infra.paths import keyed_cache_file, read_cached
 from grpo_course.measure.stats import (
     mcnemar_test,
     mean_interval,
@@ -134,12 +133,6 @@ class EvalResult:
                 "by_stratum": self.by_stratum(), "seconds": round(self.seconds, 2)}
 
 
-def _cache_file(key: dict[str, Any]) -> Path:
-
-    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-    return cache_dir() / "evals" / f"{name}.json"
-
-
 #: Problems decoded (and cached) together: an evaluation runs over consecutive blocks of this many
 #: rows, each sorted by prompt length and batched on its own. Records therefore do not depend on
 #: how many rows follow, and an evaluation of the first 128 problems reuses the cached blocks of one
@@ -147,19 +140,8 @@ def _cache_file(key: dict[str, Any]) -> Path:
 EVAL_BLOCK = 64
 
 
-def _read_cached(path: Path) -> dict[str, Any] | None:
-    """The stored evaluation at ``path``, or ``None`` when there is none or it cannot be read
-    (cut short by a full disk, say: then it is decoded again and rewritten, with one line)."""
-    if not path.exists():
-        return None
-    try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(stored["records"], list) and isinstance(stored["seconds"], (int, float)):
-            return stored
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    print(f"evaluation cache: {path} is unreadable; decoding these problems again")
-    return None
+def _usable(stored: dict[str, Any]) -> bool:
+    return isinstance(stored["records"], list) and isinstance(stored["seconds"], (int, float))
 
 
 def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_tokens: int = 256,
@@ -198,8 +180,8 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
                    "gold": [r["answer"] for r in block], "batch_size": batch_size,
                    "max_new_tokens": max_new_tokens, "dtype": str(dtype),
                    "code": code, **({} if fast is None else {"fast": fast})}
-            path = _cache_file(key)
-            stored = _read_cached(path)
+            path = keyed_cache_file("evals", key, digits=32)
+            stored = read_cached(path, _usable)
             if stored is not None:
                 records += stored["records"]
                 seconds += stored["seconds"]
