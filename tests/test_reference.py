@@ -218,3 +218,34 @@ def test_make_reference_run_screens_as_the_committed_run_did():
         ran = replace(full.grpo, **committed)
         assert recipe.sft_steps == ran.sft_steps        # its own warm-up, whatever the profile's
         assert ran.prompts_per_round == 8 and (ran.pool_samples or ran.num_generations) == pool["samples"]
+
+
+def test_the_page_says_whether_the_learning_rate_and_steps_were_chosen_on_validation():
+    """Chapter 3b's two sentences from the learning curve: one learning rate cannot have been
+    chosen; with two, each other rate is paired by problem against the recipe's at the last step
+    both kept, and the page says whether the recipe is the best point."""
+    import copy
+
+    from grpo_course.measure.reference import curve_sentences, curve_table, recipe_curve
+    shipped = json.loads((ROOT / "data" / "learning_curve.json").read_text())
+    recipe = {"learning_rate": shipped["curves"][0]["recipe"]["learning_rate"],
+              "max_steps": shipped["curves"][0]["recipe"]["max_steps"]}
+    said = curve_sentences(shipped, recipe)
+    assert "only one learning rate" in said["choice_sentence"]
+    assert f"step {shipped['curves'][0]['points'][-1]['step']}" in said["curve_sentence"]
+    assert curve_sentences(None, recipe)["choice_sentence"] == "nothing has been chosen on validation yet"
+    assert recipe_curve(shipped, {"learning_rate": 1.0}) is None
+    two = copy.deepcopy(shipped)
+    other = copy.deepcopy(two["curves"][0])
+    other["run"], other["recipe"]["learning_rate"] = "runs/lr1e-4", 1e-4
+    other["points"] = other["points"][:3]                       # it kept fewer steps
+    for curve, right in ((two["curves"][0], [4, 4, 0, 0]), (other, [0, 0, 0, 0])):
+        for p in curve["points"]:
+            p["right"] = right
+    two["curves"].append(other)
+    said = curve_sentences(two, recipe)["choice_sentence"]
+    step = other["points"][-1]["step"]
+    assert f"learning rate 0.0001 against 0.0003 at step {step}: -25.0 points" in said
+    assert said.endswith("that point") and not said.endswith("not that point")
+    assert "not that point" in curve_sentences(two, {**recipe, "max_steps": 999})["choice_sentence"]
+    assert len(curve_table(two)) == len(shipped["curves"][0]["points"]) + 3

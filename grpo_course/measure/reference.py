@@ -14,6 +14,9 @@ The reference run (``recipes/reference_run.yaml``, trained by ``make reference-r
   in 8; large K separates the two);
 * the transfer to two lines left and to whole problems (greedy, the first slice), reported
   whatever it shows.
+
+Its learning rate and steps are chosen on validation instead (train rows no run trains on):
+:func:`curve_sentences` reads ``bench/learning_curve.py``'s curves and says what they chose.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from grpo_course.infra.memory import free_memory
 from grpo_course.infra.paths import project_root
 from grpo_course.measure.attribution import paired_mcnemar
 from grpo_course.measure.evaluate import compare_sampled, evaluate_model, evaluate_sampled, held_out_rows
+from grpo_course.measure.stats import paired_difference
 
 #: the committed reference run (the train CLI's layout: the final adapter, and ``sft/``)
 REFERENCE_RUN = project_root() / "data" / "runs" / "reference"
@@ -98,4 +102,74 @@ def reference_tests(run: str | Path = REFERENCE_RUN, slices=SLICES, samples: int
                                                    held_out_rows("test", hi - lo, lo, lines_left=k),
                                                    k, progress)}
             for name, k in (("two_lines_left", LINES_LEFT + 1), ("whole_problems", None))}
+    return out
+
+
+def recipe_curve(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[str, Any] | None:
+    """Of the learning curve's runs (``data/learning_curve.json``), the one at ``recipe``'s learning
+    rate; ``None`` when there is none."""
+    runs = curve["curves"] if curve else []
+    return next((c for c in runs if c["recipe"]["learning_rate"] == recipe.get("learning_rate")), None)
+
+
+def curve_table(curve: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per learning rate and step tested: pass@1, pass@K, format, the paired change from
+    step 0 and its p."""
+    k = curve["validation"]["samples"]
+    return [{"learning rate": f"{c['recipe']['learning_rate']:g}", "step": p["step"],
+             "pass@1 %": 100 * p["pass_at_1"]["mean"], f"pass@{k} %": 100 * p[f"pass_at_{k}"]["mean"],
+             "format %": 100 * p["format_rate"],
+             "change vs step 0 (points)": 100 * p["vs_step_0"]["pass_at_1"]["difference"] if p["step"] else 0.0,
+             "p": p["vs_step_0"]["pass_at_1"]["p_value"] if p["step"] else None}
+            for c in curve["curves"] for p in c["points"]]
+
+
+def _points(d: dict[str, Any]) -> str:
+    return (f"{100 * d['difference']:+.1f} points (95 % CI {100 * d['lo']:+.1f} to {100 * d['hi']:+.1f}, "
+            f"p = {d['p_value']:.2g})")
+
+
+def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[str, str]:
+    """``curve_sentence`` (the validation curve at ``recipe``'s learning rate, first step to last)
+    and ``choice_sentence`` (whether the learning rate and the steps were chosen there: the best
+    mean pass@1, and each other learning rate paired by problem against the recipe's at the last
+    step both runs kept)."""
+    mine = recipe_curve(curve, recipe)
+    if not mine or len(mine["points"]) < 2:
+        return {"curve_sentence": "no learning curve of the reference recipe yet: run `python bench/learning_curve.py`",
+                "choice_sentence": "nothing has been chosen on validation yet"}
+    val, k = curve["validation"], curve["validation"]["samples"]
+    pts, t, lr = mine["points"], mine["training"], recipe["learning_rate"]
+    last = pts[-1]
+    out = {"curve_sentence": (
+        f"on {val['n']} validation problems, sampled pass@1 at the reference recipe's learning rate went from "
+        f"{100 * pts[0]['pass_at_1']['mean']:.1f} % at step 0 to {100 * last['pass_at_1']['mean']:.1f} % at "
+        f"step {last['step']} (paired change {_points(last['vs_step_0']['pass_at_1'])}); the run trained at "
+        f"{t['seconds_per_step']['median']:.0f} s per step and "
+        f"{t['mixed_groups_trained_per_minute']:.1f} groups with right and wrong answers per minute")}
+    best = curve["best"]
+    best_run = next(c for c in curve["curves"] if c["run"] == best["run"])
+    last_kept = ("; it is the last step its run was tested at, so more steps may still pay"
+                 if best["step"] == best_run["points"][-1]["step"] else "")
+    if len(curve["curves"]) == 1:
+        out["choice_sentence"] = (
+            f"only one learning rate ({lr:g}) has been tested on validation, so the learning rate was not "
+            f"chosen there; along its steps ({', '.join(str(p['step']) for p in pts)}) the highest mean pass@1 "
+            f"was at step {best['step']} ({100 * best['pass_at_1']:.1f} %){last_kept}")
+        return out
+    pairs = []
+    for c in curve["curves"]:
+        if c is mine:
+            continue
+        at = {p["step"]: p for p in c["points"]}
+        step = max(s for s in at if s in {p["step"] for p in pts})      # the last step both kept
+        ours = next(p for p in pts if p["step"] == step)
+        d = paired_difference([x / k for x in ours["right"]], [y / k for y in at[step]["right"]])
+        pairs.append(f"learning rate {c['recipe']['learning_rate']:g} against {lr:g} at step {step}: {_points(d)}")
+    matches = (best["learning_rate"], best["step"]) == (lr, recipe.get("max_steps"))
+    out["choice_sentence"] = (
+        f"{len(curve['curves'])} learning rates were tested on the same problems; the highest mean pass@1 was "
+        f"learning rate {best['learning_rate']:g} at step {best['step']} ({100 * best['pass_at_1']:.1f} %)"
+        f"{last_kept}; paired by problem, {'; '.join(pairs)}. The reference recipe trains "
+        f"{recipe.get('max_steps')} steps at {lr:g}: {'that point' if matches else 'not that point'}")
     return out
