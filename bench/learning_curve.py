@@ -17,9 +17,13 @@ that were mixed (without the pool) beside the share of sampled groups that were 
 With more than one ``--run`` (the same recipe and warm start at other learning rates), each run
 is tested at the steps it kept, on the same problems with the same seed, so that its points pair
 with another run's by problem (``right``), and ``best`` names the run and step with the highest
-mean pass@1 on validation: where the learning rate and the steps are chosen. Prints one JSON line and writes ``data/learning_curve.json``. Each step's samples are
-kept in the cache (``$GRPO_COURSE_CACHE/validation/``, keyed by the adapter's bytes, the rows, the
-sampling and the code), so a bench stopped part way resumes at the first step it has not tested.
+mean pass@1 on validation: where the learning rate and the steps are chosen. Runs compared so
+must share every config field but those in :data:`MAY_DIFFER`, and the warm start's bytes; one
+run a learning rate. Prints one JSON line and writes ``data/learning_curve.json``. Each step's
+samples are kept in the cache (``$GRPO_COURSE_CACHE/validation/``, keyed by the adapter's bytes,
+the rows, the sampling and the code of :mod:`grpo_course.measure.evaluate` with all it imports),
+so a bench stopped part way resumes at the first step it has not tested, as long as that code is
+unchanged.
 """
 from __future__ import annotations
 
@@ -46,10 +50,10 @@ from grpo_course.measure.evaluate import SampledResult, compare_sampled, evaluat
 
 SEED = 20250   # the validation samples' seed: the same for every step, so the steps are paired
 BATCH_PROMPTS = 4   # problems sampled together (a block's seed is SEED + its first row)
-#: what runs compared on one curve must share, besides the warm start: all but the learning rate
-#: and the number of steps
-SAME_RECIPE = ("lines_left", "prompt_pool", "pool_prompts", "num_generations",
-               "per_step_completions", "generation_batch_size", "train_offset")
+#: the only config fields in which runs compared on one curve may differ (they share the rest and
+#: the warm start): the learning rate, the steps, and how often a run logs and keeps its state
+MAY_DIFFER = ("learning_rate", "max_steps", "log_every", "save_every", "snapshot_every",
+              "report_to", "profile")
 
 
 def snapshot(run: Path, step: int) -> Path:
@@ -89,6 +93,9 @@ def kept_steps(run: Path, steps: list[int]) -> dict[int, Path]:
                if s == 0 or (run / SNAPSHOTS / str(s) / "adapter_config.json").is_file()}
     if len(folders) == 1 and len(steps) > 1:
         snapshot(run, steps[1])         # raises, naming the steps it kept
+    if len(folders) < len(steps):
+        print(f"{run}: no adapter at step {', '.join(str(s) for s in steps if s not in folders)}; "
+              f"tested at {', '.join(map(str, folders))}", file=sys.stderr)
     return folders
 
 
@@ -117,7 +124,8 @@ def training_rates(run: Path) -> dict:
     return out
 
 
-RECIPE_KEYS = ("learning_rate", "max_steps", *SAME_RECIPE)
+RECIPE_KEYS = ("learning_rate", "max_steps", "lines_left", "prompt_pool", "pool_prompts", "num_generations",
+               "per_step_completions", "generation_batch_size", "train_offset")
 
 
 def run_config(run: Path, val_n: int) -> dict:
@@ -172,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         configs = [run_config(run, args.val_n) for run in runs]
         for run, config in zip(runs[1:], configs[1:], strict=True):
-            differ = [k for k in SAME_RECIPE if config.get(k) != configs[0].get(k)]
+            differ = sorted(k for k in {*config, *configs[0]} - set(MAY_DIFFER)
+                            if config.get(k) != configs[0].get(k))
             if differ:
                 raise ConfigError(f"--run {run}: its recipe differs from {runs[0]}'s in "
                                   f"{', '.join(differ)}; compare runs that differ in the "
@@ -181,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
                     file_hash(snapshot(runs[0], 0) / "adapter_model.safetensors"):
                 raise ConfigError(f"--run {run}: its warm start (sft/) is not {runs[0]}'s; "
                                   f"compare runs from the same warm start")
+        for i, (run, config) in enumerate(zip(runs, configs, strict=True)):
+            same = [str(r) for r, c in zip(runs[:i], configs[:i], strict=True)
+                    if c.get("learning_rate") == config.get("learning_rate")]
+            if same:
+                raise ConfigError(f"--run {run}: it trains at {same[0]}'s learning rate "
+                                  f"({config.get('learning_rate')}); give one run a learning rate")
         folders = [kept_steps(run, steps) for run in runs]
         lines_left = configs[0].get("lines_left")
         budget = START_BUDGETS.get(lines_left, configs[0]["max_completion_length"])

@@ -119,7 +119,7 @@ def test_a_truncated_cached_evaluation_is_decoded_again(evaluate_tiny, tmp_path,
     stored.write_text(stored.read_text()[:40])                    # cut short, as a full disk leaves it
     again = evaluate_tiny()
     assert not again.cached and again.records == first.records
-    assert "unreadable" in capsys.readouterr().out
+    assert "unreadable" in capsys.readouterr().err
     assert evaluate_tiny().cached                                  # rewritten whole
 
 
@@ -150,12 +150,14 @@ def test_a_keyed_cache_file_is_read_back_only_when_whole_and_usable(tmp_path, mo
     assert path.parent == tmp_path / "pools"
     assert keyed_cache_file("pools", dict(reversed(key.items()))) == path     # key order is not a key
     assert keyed_cache_file("pools", {**key, "rows": [1, 3]}) != path
+
     def usable(s):
         return s["rows"] == [1, 2]
-    assert read_cached(path, usable) is None and capsys.readouterr().out == ""  # none yet: silent
+
+    assert read_cached(path, usable) is None and capsys.readouterr().err == ""  # none yet: silent
     write_json_atomic(path, {"rows": [1, 2], "value": 7})
     assert read_cached(path, usable) == {"rows": [1, 2], "value": 7}
     assert read_cached(path, lambda s: s["missing"]) is None                # stale: computed again
     path.write_text(path.read_text()[:9])                                   # cut short
     assert read_cached(path, usable) is None
-    assert capsys.readouterr().out.count("unreadable") == 2
+    assert capsys.readouterr().err.count("unreadable") == 2

@@ -98,14 +98,14 @@ def test_the_learning_curve_keeps_each_step_s_samples_and_resumes(tmp_path, monk
     assert calls == [str(a), str(b), str(a), str(a)]
 
 
-def _curve_run(folder: Path, lr: float, lines_left: int = 1, sft: Path | None = None) -> None:
-    """A run folder as the learning curve reads it: its config, log, warm start (a copy of
-    ``sft``'s, or new) and step 20."""
+def _curve_run(folder: Path, lr: float, sft: Path | None = None, **changes) -> None:
+    """A run folder as the learning curve reads it: its config (``changes`` from the defaults), log,
+    warm start (a copy of ``sft``'s, or new) and step 20."""
     import shutil
 
     from grpo_course.config import GRPOConfig
     from grpo_course.core.runs import save_run_config
-    save_run_config(folder, GRPOConfig(train_offset=512, lines_left=lines_left, learning_rate=lr))
+    save_run_config(folder, GRPOConfig(train_offset=512, learning_rate=lr, **{"lines_left": 1, **changes}))
     if sft:
         shutil.copytree(sft, folder / "sft")
     else:
@@ -145,21 +145,26 @@ def test_the_learning_curve_compares_runs_on_the_same_rows_and_names_the_best(tm
     assert second["points"][1]["right"] == [0, 2, 2, 2]
     assert second["points"][1]["vs_step_0"]["up"] == 3 and first["training"]["steps"] == 20
     assert out["best"] == {"run": str(a), "learning_rate": 3e-4, "step": 20, "pass_at_1": 9 / 16}
-    # runs that differ in more than the learning rate and the steps are not compared
-    _curve_run(tmp_path / "c", 1e-4, lines_left=2, sft=a / "sft")
+    # runs that differ in more than the learning rate and the steps are not compared, nor two at one rate
+    _curve_run(tmp_path / "c", 1e-4, sft=a / "sft", lines_left=2)
     _curve_run(tmp_path / "d", 1e-4)
+    _curve_run(tmp_path / "e", 1e-4, sft=a / "sft", reward_weights={"correctness": 1.0})
+    _curve_run(tmp_path / "f", 3e-4, sft=a / "sft", max_steps=120, save_every=10)
     capsys.readouterr()
-    for other, says in (("c", "differs from"), ("d", "warm start")):
+    for other, says in (("c", "differs from a's in lines_left;"), ("d", "warm start"),
+                        ("e", "in reward_weights;"), ("f", "it trains at a's learning rate")):
         assert bench.main(["--run", str(a), "--run", str(tmp_path / other), "--val_n", "4", "--steps", "20",
                            "--out", str(out_file)]) == 2
         err = capsys.readouterr().err
-        assert says in err and str(tmp_path / other) in err and err.count("\n") == 1
-    # each run is tested on the steps it kept: one without step 40 still gives its 0 and 20
+        assert f"--run {tmp_path / other}: " in err and says.replace("a's", f"{a}'s") in err
+        assert err.count("\n") == 1
+    # each run is tested on the steps it kept: one without step 40 still gives its 0 and 20, and says so
     _adapter(a / "steps" / "40")
     assert bench.main(["--run", str(a), "--run", str(b), "--steps", "20,40", "--val_n", "4",
                        "--samples", "4", "--out", str(out_file)]) == 0
     out = json.loads(out_file.read_text())
     assert [[p["step"] for p in c["points"]] for c in out["curves"]] == [[0, 20, 40], [0, 20]]
+    assert f"{b}: no adapter at step 40; tested at 0, 20" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -228,8 +233,11 @@ def test_the_page_says_whether_the_learning_rate_and_steps_were_chosen_on_valida
 
     from grpo_course.measure.reference import curve_sentences, curve_table, recipe_curve
     shipped = json.loads((ROOT / "data" / "learning_curve.json").read_text())
-    recipe = {"learning_rate": shipped["curves"][0]["recipe"]["learning_rate"],
-              "max_steps": shipped["curves"][0]["recipe"]["max_steps"]}
+    first = shipped["curves"][0]
+    best = max(first["points"], key=lambda p: p["pass_at_1"]["mean"])
+    shipped["best"] = {"run": first["run"], "learning_rate": first["recipe"]["learning_rate"],
+                       "step": best["step"], "pass_at_1": best["pass_at_1"]["mean"]}
+    recipe = {"learning_rate": first["recipe"]["learning_rate"], "max_steps": best["step"]}  # at the best point
     said = curve_sentences(shipped, recipe)
     assert "only one learning rate" in said["choice_sentence"]
     assert f"step {shipped['curves'][0]['points'][-1]['step']}" in said["curve_sentence"]
@@ -245,7 +253,7 @@ def test_the_page_says_whether_the_learning_rate_and_steps_were_chosen_on_valida
     two["curves"].append(other)
     said = curve_sentences(two, recipe)["choice_sentence"]
     step = other["points"][-1]["step"]
-    assert f"learning rate 0.0001 against 0.0003 at step {step}: -25.0 points" in said
+    assert f"learning rate 0.0001 against {recipe['learning_rate']:g} at step {step}: -25.0 points" in said
     assert said.endswith("that point") and not said.endswith("not that point")
     assert "not that point" in curve_sentences(two, {**recipe, "max_steps": 999})["choice_sentence"]
     assert len(curve_table(two)) == len(shipped["curves"][0]["points"]) + 3

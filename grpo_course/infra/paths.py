@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ def keyed_cache_file(kind: str, key: dict[str, Any], digits: int = 24) -> Path:
 def read_cached(path: Path, usable: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
     """The JSON object stored at ``path`` when there is one and ``usable`` accepts it, else
     ``None``: then the caller computes the result again and rewrites the file. A file that exists
-    but cannot be used (cut short by a full disk, say) gets one line saying so."""
+    but cannot be used (cut short by a full disk, say) gets one line on stderr saying so."""
     if not path.exists():
         return None
     try:
@@ -54,5 +55,5 @@ def read_cached(path: Path, usable: Callable[[dict[str, Any]], bool]) -> dict[st
             return stored
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    print(f"cache: {path} is unreadable or stale; computing it again")
+    print(f"cache: {path} is unreadable or stale; computing it again", file=sys.stderr)
     return None
