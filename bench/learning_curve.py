@@ -190,12 +190,11 @@ def main(argv: list[str] | None = None) -> int:
                     file_hash(snapshot(runs[0], 0) / "adapter_model.safetensors"):
                 raise ConfigError(f"--run {run}: its warm start (sft/) is not {runs[0]}'s; "
                                   f"compare runs from the same warm start")
-        for i, (run, config) in enumerate(zip(runs, configs, strict=True)):
-            same = [str(r) for r, c in zip(runs[:i], configs[:i], strict=True)
-                    if c.get("learning_rate") == config.get("learning_rate")]
-            if same:
-                raise ConfigError(f"--run {run}: it trains at {same[0]}'s learning rate "
-                                  f"({config.get('learning_rate')}); give one run a learning rate")
+        lrs = [config.get("learning_rate") for config in configs]
+        for i, (run, rate) in enumerate(zip(runs, lrs, strict=True)):
+            if lrs.index(rate) < i:
+                raise ConfigError(f"--run {run}: it trains at {runs[lrs.index(rate)]}'s learning "
+                                  f"rate ({rate}); give one run a learning rate")
         folders = [kept_steps(run, steps) for run in runs]
         lines_left = configs[0].get("lines_left")
         budget = START_BUDGETS.get(lines_left, configs[0]["max_completion_length"])

@@ -4,6 +4,7 @@ import math
 import pytest
 
 from grpo_course.measure.stats import (
+    describe_difference,
     linear_trend,
     mcnemar_test,
     paired_difference,
@@ -61,6 +62,12 @@ def test_paired_difference_has_an_interval_and_a_p_value():
     assert up["p_value"] < 1e-6
     with pytest.raises(ValueError):
         paired_difference([1.0], [1.0, 2.0])
+
+
+def test_describe_difference_says_the_change_its_interval_and_p():
+    d = {"difference": 0.031, "lo": -0.0049, "hi": 0.0671, "p_value": 0.0912}
+    assert describe_difference(d) == "+3.1 points (95 % CI -0.5 to +6.7, p = 0.091)"
+    assert describe_difference(d, scale=1.0, unit="nats") == "+0.0 nats (95 % CI -0.0 to +0.1, p = 0.091)"
 
 
 def test_student_t_matches_its_tables():

@@ -29,7 +29,7 @@ from grpo_course.infra.memory import free_memory
 from grpo_course.infra.paths import project_root
 from grpo_course.measure.attribution import paired_mcnemar
 from grpo_course.measure.evaluate import compare_sampled, evaluate_model, evaluate_sampled, held_out_rows
-from grpo_course.measure.stats import paired_difference
+from grpo_course.measure.stats import describe_difference, paired_difference
 
 #: the committed reference run (the train CLI's layout: the final adapter, and ``sft/``)
 REFERENCE_RUN = project_root() / "data" / "runs" / "reference"
@@ -124,11 +124,6 @@ def curve_table(curve: dict[str, Any]) -> list[dict[str, Any]]:
             for c in curve["curves"] for p in c["points"]]
 
 
-def _points(d: dict[str, Any]) -> str:
-    return (f"{100 * d['difference']:+.1f} points (95 % CI {100 * d['lo']:+.1f} to {100 * d['hi']:+.1f}, "
-            f"p = {d['p_value']:.2g})")
-
-
 def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[str, str]:
     """``curve_sentence`` (the validation curve at ``recipe``'s learning rate, first step to last)
     and ``choice_sentence`` (whether the learning rate and the steps were chosen there: the best
@@ -144,7 +139,7 @@ def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dic
     out = {"curve_sentence": (
         f"on {val['n']} validation problems, sampled pass@1 at the reference recipe's learning rate went from "
         f"{100 * pts[0]['pass_at_1']['mean']:.1f} % at step 0 to {100 * last['pass_at_1']['mean']:.1f} % at "
-        f"step {last['step']} (paired change {_points(last['vs_step_0']['pass_at_1'])}); the run trained at "
+        f"step {last['step']} (paired change {describe_difference(last['vs_step_0']['pass_at_1'])}); the run trained at "
         f"{t['seconds_per_step']['median']:.0f} s per step and "
         f"{t['mixed_groups_trained_per_minute']:.1f} groups with right and wrong answers per minute")}
     best = curve["best"]
@@ -165,7 +160,7 @@ def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dic
         step = max(s for s in at if s in {p["step"] for p in pts})      # the last step both kept
         ours = next(p for p in pts if p["step"] == step)
         d = paired_difference([x / k for x in ours["right"]], [y / k for y in at[step]["right"]])
-        pairs.append(f"learning rate {c['recipe']['learning_rate']:g} against {lr:g} at step {step}: {_points(d)}")
+        pairs.append(f"learning rate {c['recipe']['learning_rate']:g} against {lr:g} at step {step}: {describe_difference(d)}")
     matches = (best["learning_rate"], best["step"]) == (lr, recipe.get("max_steps"))
     out["choice_sentence"] = (
         f"{len(curve['curves'])} learning rates were tested on the same problems; the highest mean pass@1 was "

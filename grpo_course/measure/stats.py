@@ -81,6 +81,13 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict[str, float
             "difference": mean, "lo": mean - half, "hi": mean + half, "p_value": p}
 
 
+def describe_difference(d: dict[str, float], scale: float = 100.0, unit: str = "points") -> str:
+    """A :func:`paired_difference` in words: ``+3.1 points (95 % CI +1.0 to +5.2, p = 0.004)``
+    (``scale`` 100: a difference of proportions in percentage points)."""
+    return (f"{scale * d['difference']:+.1f} {unit} (95 % CI {scale * d['lo']:+.1f} to "
+            f"{scale * d['hi']:+.1f}, p = {d['p_value']:.2g})")
+
+
 def linear_trend(values: Sequence[float]) -> dict[str, float]:
     """Least-squares slope of ``values`` against their index, with a 95 % interval (Student's t
     with n - 2 degrees of freedom); NaNs are left out."""
