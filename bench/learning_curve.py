@@ -28,7 +28,6 @@ unchanged.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -36,10 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from grpo_course.config import START_BUDGETS, ConfigError
-from grpo_course.core.checkpoints import POOL_FILE, SNAPSHOTS
+from grpo_course.core.checkpoints import SNAPSHOTS
 from grpo_course.core.loading import quiet_loading
-from grpo_course.core.pool import pool_summary
-from grpo_course.core.runs import load_run_config, read_metrics
+from grpo_course.core.runs import load_run_config
 from grpo_course.core.sampling import resolve_sampling_dtype
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.errors import OneLineArgumentParser, report
@@ -47,6 +45,7 @@ from grpo_course.infra.fingerprint import code_fingerprint, data_hash, file_hash
 from grpo_course.infra.hardware import bench_facts
 from grpo_course.infra.paths import cache_dir, keyed_cache_file, read_cached
 from grpo_course.measure.evaluate import SampledResult, compare_sampled, evaluate_sampled, held_out_rows
+from grpo_course.measure.reference import training_rates
 
 SEED = 20250   # the validation samples' seed: the same for every step, so the steps are paired
 BATCH_PROMPTS = 4   # problems sampled together (a block's seed is SEED + its first row)
@@ -97,31 +96,6 @@ def kept_steps(run: Path, steps: list[int]) -> dict[int, Path]:
         print(f"{run}: no adapter at step {', '.join(str(s) for s in steps if s not in folders)}; "
               f"tested at {', '.join(map(str, folders))}", file=sys.stderr)
     return folders
-
-
-def training_rates(run: Path) -> dict:
-    """Seconds per GRPO step and the mixed groups sampled and trained, per minute, from the log;
-    the pool's screening (the mixed share without the pool)."""
-    rows = [r for r in read_metrics(run) if r.get("phase") == "grpo"]
-    if not rows:
-        raise ConfigError(f"{run} has no GRPO step in its metrics.jsonl")
-    seconds = [r["step_seconds"] for r in rows]
-    minutes = sum(seconds) / 60
-    sampled = sum(r["prompts_sampled"] for r in rows)
-    mixed = sum(r.get("correct_mixed_groups") or 0 for r in rows)
-    trained_mixed = sum(r.get("trained_correct_mixed") or 0 for r in rows)
-    trained = sum(r["informative_groups"] for r in rows)
-    out = {"steps": len(rows), "minutes": round(minutes, 2),
-           "seconds_per_step": {"mean": statistics.fmean(seconds), "median": statistics.median(seconds)},
-           "groups_sampled": sampled, "groups_trained": trained,
-           "share_sampled_mixed_with_pool": mixed / sampled if sampled else None,
-           "share_trained_mixed": trained_mixed / trained if trained else None,
-           "mixed_groups_trained_per_minute": trained_mixed / minutes if minutes else None,
-           "train_dtype": rows[0].get("train_dtype")}
-    if (run / POOL_FILE).is_file():
-        pool = json.loads((run / POOL_FILE).read_text())
-        out["pool"] = {**pool_summary(pool), "seconds": pool.get("seconds")}
-    return out
 
 
 RECIPE_KEYS = ("learning_rate", "max_steps", "lines_left", "prompt_pool", "pool_prompts", "num_generations",

@@ -256,4 +256,10 @@ def test_the_page_says_whether_the_learning_rate_and_steps_were_chosen_on_valida
     assert f"learning rate 0.0001 against {recipe['learning_rate']:g} at step {step}: -25.0 points" in said
     assert said.endswith("that point") and not said.endswith("not that point")
     assert "not that point" in curve_sentences(two, {**recipe, "max_steps": 999})["choice_sentence"]
+    # a recipe that stops before its run's best step: that step is paired against the recipe's
+    early = next(p["step"] for p in first["points"] if p["step"] and p["step"] != best["step"])
+    said = curve_sentences(two, {**recipe, "max_steps": early})
+    assert (f"not that point; on the recipe's run, step {best['step']} against step {early}, paired by "
+            f"problem: +0.0 points (95 % CI +0.0 to +0.0, p = 1)") in said["choice_sentence"]
+    assert f"at step {early}, where the recipe stops;" in said["curve_sentence"] or early == first["points"][-1]["step"]
     assert len(curve_table(two)) == len(shipped["curves"][0]["points"]) + 3

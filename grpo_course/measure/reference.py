@@ -20,11 +20,16 @@ Its learning rate and steps are chosen on validation instead (train rows no run 
 """
 from __future__ import annotations
 
+import json
+import statistics
 from pathlib import Path
 from typing import Any
 
-from grpo_course.config import PROFILES, START_BUDGETS, get_profile
+from grpo_course.config import PROFILES, START_BUDGETS, ConfigError, get_profile
+from grpo_course.core.checkpoints import POOL_FILE
 from grpo_course.core.loading import load_model
+from grpo_course.core.pool import pool_summary
+from grpo_course.core.runs import read_metrics
 from grpo_course.infra.memory import free_memory
 from grpo_course.infra.paths import project_root
 from grpo_course.measure.attribution import paired_mcnemar
@@ -105,6 +110,32 @@ def reference_tests(run: str | Path = REFERENCE_RUN, slices=SLICES, samples: int
     return out
 
 
+def training_rates(run: str | Path) -> dict[str, Any]:
+    """Seconds per GRPO step and the mixed groups sampled and trained, per minute, from the log;
+    the pool's screening (the mixed share without the pool)."""
+    run = Path(run)
+    rows = [r for r in read_metrics(run) if r.get("phase") == "grpo"]
+    if not rows:
+        raise ConfigError(f"{run} has no GRPO step in its metrics.jsonl")
+    seconds = [r["step_seconds"] for r in rows]
+    minutes = sum(seconds) / 60
+    sampled = sum(r["prompts_sampled"] for r in rows)
+    mixed = sum(r.get("correct_mixed_groups") or 0 for r in rows)
+    trained_mixed = sum(r.get("trained_correct_mixed") or 0 for r in rows)
+    trained = sum(r["informative_groups"] for r in rows)
+    out = {"steps": len(rows), "minutes": round(minutes, 2),
+           "seconds_per_step": {"mean": statistics.fmean(seconds), "median": statistics.median(seconds)},
+           "groups_sampled": sampled, "groups_trained": trained,
+           "share_sampled_mixed_with_pool": mixed / sampled if sampled else None,
+           "share_trained_mixed": trained_mixed / trained if trained else None,
+           "mixed_groups_trained_per_minute": trained_mixed / minutes if minutes else None,
+           "train_dtype": rows[0].get("train_dtype")}
+    if (run / POOL_FILE).is_file():
+        pool = json.loads((run / POOL_FILE).read_text())
+        out["pool"] = {**pool_summary(pool), "seconds": pool.get("seconds")}
+    return out
+
+
 def recipe_curve(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[str, Any] | None:
     """Of the learning curve's runs (``data/learning_curve.json``), the one at ``recipe``'s learning
     rate; ``None`` when there is none."""
@@ -125,46 +156,56 @@ def curve_table(curve: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[str, str]:
-    """``curve_sentence`` (the validation curve at ``recipe``'s learning rate, first step to last)
-    and ``choice_sentence`` (whether the learning rate and the steps were chosen there: the best
-    mean pass@1, and each other learning rate paired by problem against the recipe's at the last
-    step both runs kept)."""
+    """``curve_sentence`` (the validation curve at ``recipe``'s learning rate, first step to last,
+    and at the step the recipe stops) and ``choice_sentence`` (whether the learning rate and the
+    steps were chosen there: the best mean pass@1; each other learning rate paired by problem
+    against the recipe's at the last step both runs kept; and, where the recipe stops before the
+    best step of its own run, that step paired against the recipe's)."""
     mine = recipe_curve(curve, recipe)
     if not mine or len(mine["points"]) < 2:
         return {"curve_sentence": "no learning curve of the reference recipe yet: run `python bench/learning_curve.py`",
                 "choice_sentence": "nothing has been chosen on validation yet"}
     val, k = curve["validation"], curve["validation"]["samples"]
     pts, t, lr = mine["points"], mine["training"], recipe["learning_rate"]
-    last = pts[-1]
+    by_step = {p["step"]: p for p in pts}
+    last, stop = pts[-1], by_step.get(recipe.get("max_steps"))
+
+    def paired(a: dict[str, Any], b: dict[str, Any]) -> str:       # b's pass@1 minus a's, by problem
+        return describe_difference(paired_difference([x / k for x in a["right"]], [y / k for y in b["right"]]))
+
+    at_stop = (f", and {100 * stop['pass_at_1']['mean']:.1f} % at step {stop['step']}, where the recipe stops"
+               if stop and stop is not last and stop["step"] else "")
     out = {"curve_sentence": (
         f"on {val['n']} validation problems, sampled pass@1 at the reference recipe's learning rate went from "
         f"{100 * pts[0]['pass_at_1']['mean']:.1f} % at step 0 to {100 * last['pass_at_1']['mean']:.1f} % at "
-        f"step {last['step']} (paired change {describe_difference(last['vs_step_0']['pass_at_1'])}); the run trained at "
-        f"{t['seconds_per_step']['median']:.0f} s per step and "
+        f"step {last['step']} (paired change {describe_difference(last['vs_step_0']['pass_at_1'])}){at_stop}; "
+        f"the run trained at {t['seconds_per_step']['median']:.0f} s per step and "
         f"{t['mixed_groups_trained_per_minute']:.1f} groups with right and wrong answers per minute")}
     best = curve["best"]
     best_run = next(c for c in curve["curves"] if c["run"] == best["run"])
     last_kept = ("; it is the last step its run was tested at, so more steps may still pay"
                  if best["step"] == best_run["points"][-1]["step"] else "")
+    matches = (best["learning_rate"], best["step"]) == (lr, recipe.get("max_steps"))
+    beyond = (f"; on the recipe's run, step {best['step']} against step {stop['step']}, paired by problem: "
+              f"{paired(stop, by_step[best['step']])}" if best_run is mine and stop and not matches else "")
+    verdict = (f"The reference recipe trains {recipe.get('max_steps')} steps at {lr:g}: "
+               f"{'that point' if matches else 'not that point'}{beyond}")
     if len(curve["curves"]) == 1:
         out["choice_sentence"] = (
             f"only one learning rate ({lr:g}) has been tested on validation, so the learning rate was not "
             f"chosen there; along its steps ({', '.join(str(p['step']) for p in pts)}) the highest mean pass@1 "
-            f"was at step {best['step']} ({100 * best['pass_at_1']:.1f} %){last_kept}")
+            f"was at step {best['step']} ({100 * best['pass_at_1']:.1f} %){last_kept}. {verdict}")
         return out
     pairs = []
     for c in curve["curves"]:
         if c is mine:
             continue
         at = {p["step"]: p for p in c["points"]}
-        step = max(s for s in at if s in {p["step"] for p in pts})      # the last step both kept
-        ours = next(p for p in pts if p["step"] == step)
-        d = paired_difference([x / k for x in ours["right"]], [y / k for y in at[step]["right"]])
-        pairs.append(f"learning rate {c['recipe']['learning_rate']:g} against {lr:g} at step {step}: {describe_difference(d)}")
-    matches = (best["learning_rate"], best["step"]) == (lr, recipe.get("max_steps"))
+        step = max(s for s in at if s in by_step)      # the last step both kept
+        pairs.append(f"learning rate {c['recipe']['learning_rate']:g} against {lr:g} at step {step}: "
+                     f"{paired(by_step[step], at[step])}")
     out["choice_sentence"] = (
         f"{len(curve['curves'])} learning rates were tested on the same problems; the highest mean pass@1 was "
         f"learning rate {best['learning_rate']:g} at step {best['step']} ({100 * best['pass_at_1']:.1f} %)"
-        f"{last_kept}; paired by problem, {'; '.join(pairs)}. The reference recipe trains "
-        f"{recipe.get('max_steps')} steps at {lr:g}: {'that point' if matches else 'not that point'}")
+        f"{last_kept}; paired by problem, {'; '.join(pairs)}. {verdict}")
     return out
