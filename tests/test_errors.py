@@ -237,6 +237,20 @@ def test_train_corrupt_checkpoint(train_main, tmp_path, capsys):
     one_line(capsys, str(meta), "not a readable checkpoint")
 
 
+def test_a_run_stopped_before_its_first_checkpoint_starts_its_log_again(train_main, tmp_path, capsys):
+    """--resume without a checkpoint trains from the start, and its log holds that start's rows
+    alone: the stopped run's rows would count twice in the run's steps and hours."""
+    out = tmp_path / "run"
+    out.mkdir()
+    stale = [{"phase": "sft", "sft_step": 0, "step_seconds": 9.0},
+             {"phase": "grpo", "step": 0, "step_seconds": 99.0}]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stale))
+    assert train_main([*SMOKE, "--resume", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["phase"] == "grpo"] == [0]
+    assert 99.0 not in [r.get("step_seconds") for r in rows] and not any(r["phase"] == "sft" for r in rows)
+
+
 def test_train_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(train_main, tmp_path, capsys,
                                                                monkeypatch):
     from grpo_course.core.train import CourseTrainer

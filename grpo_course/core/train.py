@@ -49,6 +49,7 @@ from grpo_course.core.policy import (
 )
 from grpo_course.core.precision import frozen_linear_weights_as, hold_frozen_weights_in, reuses_sampler_logps
 from grpo_course.core.rewards import correct_mixed_groups, run_rewards, score_groups
+from grpo_course.core.runs import trim_metrics
 from grpo_course.core.sampling import concat_batches, resolve_sampling_dtype, sample_completions
 from grpo_course.core.sft import SFTWarmup
 from grpo_course.core.step_log import step_log
@@ -374,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
             trainer = CourseTrainer.resume(out / CHECKPOINT, model, tokenizer, dataset,
                                            config=config, out_dir=out, profile=profile)
         else:
+            # a fresh start logs from its first row: a run stopped before its first checkpoint
+            # left rows in out/metrics.jsonl that would otherwise count twice
+            trim_metrics(out, 0, 0)
             trainer = CourseTrainer(model, tokenizer, config, dataset, out_dir=out,
                                     profile=profile)
     except (ValueError, RuntimeError, OSError) as exc:   # ConfigError, DataError, ModelError
