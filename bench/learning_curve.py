@@ -65,12 +65,22 @@ def snapshot(run: Path, step: int) -> Path:
     return folder
 
 
+def adapter_settings(folder: Path) -> dict:
+    """The adapter's ``adapter_config.json`` with its target modules sorted: PEFT writes them in a
+    set's order, which differs between processes, so two copies of one adapter may differ in that
+    order alone."""
+    config = json.loads((folder / "adapter_config.json").read_text())
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+    return config
+
+
 def validation_samples(folder: Path, rows, samples: int, budget: int) -> SampledResult:
     """The adapter in ``folder`` sampled on the validation ``rows`` (``samples`` answers each at
     temperature 1, seed :data:`SEED`): read from the cache when the same adapter sampled the same
     rows with the same code before, else sampled and stored there (atomically)."""
     key = {"adapter": file_hash(folder / "adapter_model.safetensors"),
-           "adapter_config": file_hash(folder / "adapter_config.json"), "rows": data_hash(rows),
+           "adapter_config": adapter_settings(folder), "rows": data_hash(rows),
            "start": [r.get("start") for r in rows], "samples": samples, "max_new_tokens": budget,
            "temperature": 1.0, "seed": SEED, "batch_prompts": BATCH_PROMPTS,
            "dtype": str(resolve_sampling_dtype("auto") or "float32"),     # bf16 where native

@@ -96,6 +96,15 @@ def test_the_learning_curve_keeps_each_step_s_samples_and_resumes(tmp_path, monk
     bench.validation_samples(a, rows[:2], 4, 64)                                    # other rows
     bench.validation_samples(a, rows, 2, 64)                                        # other samples
     assert calls == [str(a), str(b), str(a), str(a)]
+    # PEFT writes target_modules in a set's order: a copy that differs in that order alone is the
+    # same adapter, another module list is not
+    (a / "adapter_config.json").write_text('{"target_modules": ["v_proj", "q_proj"]}')
+    bench.validation_samples(a, rows, 4, 64)
+    (a / "adapter_config.json").write_text('{"target_modules": ["q_proj", "v_proj"]}')
+    bench.validation_samples(a, rows, 4, 64)
+    (a / "adapter_config.json").write_text('{"target_modules": ["q_proj"]}')
+    bench.validation_samples(a, rows, 4, 64)
+    assert calls == [str(a), str(b), str(a), str(a), str(a), str(a)]
 
 
 def _curve_run(folder: Path, lr: float, sft: Path | None = None, **changes) -> None:
