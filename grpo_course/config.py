@@ -514,10 +514,27 @@ class Profile:
                        num_iterations=self.short.num_iterations, **changes)
 
 
+SIZES_ENV = "GRPO_COURSE_SIZES"
+FULL_SIZES = ("large", "compact")    # the keys of FULL_BY_CPU
+
+
 def cpu_kind() -> str:
-    """``"native_bf16"`` or ``"fp32"``: which of :data:`FULL_BY_CPU`'s profiles is this machine's
-    ``full``."""
-    return "native_bf16" if hardware.native_bf16() else "fp32"
+    """``"large"`` or ``"compact"``: which of :data:`FULL_BY_CPU`'s profiles is this machine's
+    ``full``, or ``$GRPO_COURSE_SIZES`` where set.
+
+    The large sizes go to the CPUs whose 2 cores were measured to run every chapter at them within
+    15 minutes: native bf16 through AVX512-BF16 without AMX (AMD EPYC). A CPU without native bf16
+    computes in fp32 and decodes more slowly. A 2-core Xeon with AMX multiplies large bf16 matrices
+    fast but decodes (small matrices, one token at a time) more slowly than that EPYC, and ran
+    chapter 2 of the large sizes past 15 minutes (``make book``); it takes the compact sizes too.
+    The sampler's and the training pass's dtype follow the CPU (bf16 where native), not this."""
+    chosen = os.environ.get(SIZES_ENV, "").strip().lower()
+    if chosen:
+        if chosen not in FULL_SIZES:
+            raise ConfigError(f"unknown full-profile sizes {chosen!r} (from ${SIZES_ENV}); choose "
+                              f"one of {', '.join(FULL_SIZES)}")
+        return chosen
+    return "large" if hardware.native_bf16() and not hardware.has_amx() else "compact"
 
 
 #: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),
@@ -555,15 +572,15 @@ PROFILES: dict[str, Profile] = {
     ),
     "full": Profile(
         name="full",
-        # 512 held-out problems: a gain of a few points needs that many for a paired test (fp32:
+        # 512 held-out problems: a gain of a few points needs that many for a paired test (compact sizes:
         # fewer, with intervals that say so)
         eval=EvalConfig(n=512, batch_size=32, max_new_tokens=200),
         # recipe: a LoRA SFT warm-up on GSM8K train solutions (the shared warm start, trained in
         # chapter 2), then GRPO (chapter 3): G = 8, 8 prompts sampled a round and the 4 whose
         # completions reach different gold steps trained, the levers of chapter 3 (measured in
         # bench/levers.py and bench/recipes.py). GRPO gets what chapter 3's 15 minutes leave after
-        # its held-out evaluation. These are the sizes for a CPU with native bf16; FULL_BY_CPU holds
-        # the smaller ones of a CPU that computes in fp32.
+        # its held-out evaluation. These are the large sizes (cpu_kind); FULL_BY_CPU also holds
+        # the compact ones of a CPU that decodes more slowly.
         # The training pass runs one group (8 completions) at a time: the same update, a quarter
         # of the activations; TRL passes 2 completions at a time (chapter 4, and 2 per process in
         # its 2-process run), so that every chapter fits an 8 GB laptop (bench/memory.py measures
@@ -625,9 +642,10 @@ def _binder_profile(full: Profile) -> Profile:
         low_memory=True)
 
 
-def _fp32_profile(full: Profile) -> Profile:
-    """The full profile's lessons on a CPU without native bf16, where the sampler and the training
-    pass run in fp32 (slower: ``bench/throughput.py``), each chapter within 15 minutes on 2 cores
+def _compact_profile(full: Profile) -> Profile:
+    """The full profile's lessons on a CPU that decodes more slowly (:func:`cpu_kind`): one without
+    native bf16, where the sampler and the training pass run in fp32 (``bench/throughput.py``), or
+    a 2-core Xeon with AMX, each chapter within 15 minutes on 2 cores
     where its parts allow (``make book`` on a clean clone prints each page's minutes;
     ``bench/memory.py --profiles full`` each cell's seconds): fewer held-out problems (the
     intervals say so: chapters 1-2 and 4-6, chapter 3's whole-problem test, a whole evaluation
@@ -655,7 +673,7 @@ def _fp32_profile(full: Profile) -> Profile:
 
 
 #: The full profile of each kind of CPU (:func:`cpu_kind`): ``PROFILES["full"]`` is this machine's.
-FULL_BY_CPU: dict[str, Profile] = {"native_bf16": PROFILES["full"], "fp32": _fp32_profile(PROFILES["full"])}
+FULL_BY_CPU: dict[str, Profile] = {"large": PROFILES["full"], "compact": _compact_profile(PROFILES["full"])}
 PROFILES["full"] = FULL_BY_CPU[cpu_kind()]
 PROFILES["binder"] = _binder_profile(PROFILES["full"])
 

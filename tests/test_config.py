@@ -31,8 +31,8 @@ def test_smoke_is_smaller_than_full():
     smoke, full = PROFILES["smoke"], PROFILES["full"]
     assert smoke.eval.n < full.eval.n
     assert smoke.grpo.max_steps < full.grpo.max_steps
-    assert FULL_BY_CPU["native_bf16"].eval.n >= 200   # held-out evaluation on hundreds of problems
-    assert FULL_BY_CPU["fp32"].eval.n >= 64           # ... and in fp32 (slower), still dozens
+    assert FULL_BY_CPU["large"].eval.n >= 200     # held-out evaluation on hundreds of problems
+    assert FULL_BY_CPU["compact"].eval.n >= 64    # ... and where decoding is slower, still dozens
 
 
 @pytest.mark.parametrize("g, b, message", [
@@ -74,7 +74,7 @@ def _sizes(profile) -> dict[str, int]:
 
 
 def test_binder_is_never_larger_than_full_on_either_cpu():
-    """Binder's 2 GB profile is built from this machine's full one: on an fp32 CPU it must not
+    """Binder's 2 GB profile is built from this machine's full one: at the compact sizes it must not
     evaluate more problems than full does there (it did, before its sizes were clamped)."""
     from grpo_course import config
 
@@ -86,7 +86,7 @@ def test_binder_is_never_larger_than_full_on_either_cpu():
 
 
 def test_the_full_profile_is_sized_to_the_cpu(monkeypatch):
-    """Where the CPU computes in fp32 (slower), the full profile does the same lessons with smaller
+    """Where the CPU decodes more slowly (fp32, or a 2-core Xeon with AMX), the full profile does the same lessons with smaller
     sizes: nothing grows, the seeds, the recipe (its warm-up included) and the test design stay
     (only the run's length and the size of chapter 3's pool shrink), the pass@k rows are the
     same, chapters 3 and 4 evaluate whole blocks of chapters 1-2's records, and every size stays
@@ -97,7 +97,7 @@ def test_the_full_profile_is_sized_to_the_cpu(monkeypatch):
     from grpo_course.infra import hardware
     from grpo_course.measure.evaluate import EVAL_BLOCK
 
-    fast, slow, smoke = config.FULL_BY_CPU["native_bf16"], config.FULL_BY_CPU["fp32"], PROFILES["smoke"]
+    fast, slow, smoke = config.FULL_BY_CPU["large"], config.FULL_BY_CPU["compact"], PROFILES["smoke"]
     a, b = _sizes(fast), _sizes(slow)
     changed = {k for k in a if a[k] != b[k]}
     assert changed and all(b[k] < a[k] for k in changed), {k: (a[k], b[k]) for k in changed}
@@ -111,9 +111,17 @@ def test_the_full_profile_is_sized_to_the_cpu(monkeypatch):
     assert slow.start.whole_problems <= slow.eval.n and slow.trl.eval_n <= slow.eval.n
     # records are cached a block at a time: chapters 3-4 reuse chapters 1-2's whole blocks
     assert all(n % EVAL_BLOCK == 0 for n in (slow.eval.n, slow.start.whole_problems, slow.trl.eval_n))
-    for native, kind in ((True, "native_bf16"), (False, "fp32")):
+    monkeypatch.delenv(config.SIZES_ENV, raising=False)
+    for native, amx, kind in ((True, False, "large"), (True, True, "compact"), (False, False, "compact")):
         monkeypatch.setattr(hardware, "native_bf16", lambda native=native: native)
-        assert config.cpu_kind() == kind
+        monkeypatch.setattr(hardware, "has_amx", lambda amx=amx: amx)
+        assert config.cpu_kind() == kind, (native, amx)
+    for chosen in ("large", "compact", " Large "):      # the override, whatever the CPU
+        monkeypatch.setenv(config.SIZES_ENV, chosen)
+        assert config.cpu_kind() == chosen.strip().lower()
+    monkeypatch.setenv(config.SIZES_ENV, "huge")
+    with pytest.raises(ConfigError, match="unknown full-profile sizes 'huge' .*GRPO_COURSE_SIZES"):
+        config.cpu_kind()
     monkeypatch.undo()
     assert PROFILES["full"] is config.FULL_BY_CPU[config.cpu_kind()]
 
@@ -151,7 +159,7 @@ def test_main_run_is_the_recipe_at_the_reverse_curriculum_start():
         assert run.generation_batch_size % run.num_generations == 0
         assert profile.start.pass_k_problems <= min(hi - lo for lo, hi in profile.start.slices)
     from grpo_course.config import FULL_BY_CPU
-    full = FULL_BY_CPU["native_bf16"].start                # the fp32 profile evaluates fewer rows
+    full = FULL_BY_CPU["large"].start                # the compact profile evaluates fewer rows
     assert all(hi - lo >= 256 for lo, hi in full.slices)  # McNemar on n >= 256 per slice
     assert all(f.start.slices[0][1] <= f.start.slices[1][0] for f in FULL_BY_CPU.values())   # disjoint
     assert PROFILES["full"].main_run.max_completion_length == START_BUDGETS[1]
