@@ -518,9 +518,11 @@ SIZES_ENV = "GRPO_COURSE_SIZES"
 FULL_SIZES = ("large", "compact")    # the keys of FULL_BY_CPU
 
 
-def cpu_kind() -> str:
+def cpu_kind(strict: bool = True) -> str:
     """``"large"`` or ``"compact"``: which of :data:`FULL_BY_CPU`'s profiles is this machine's
-    ``full``, or ``$GRPO_COURSE_SIZES`` where set.
+    ``full``, or ``$GRPO_COURSE_SIZES`` where set. A value that is neither raises
+    :class:`ConfigError`; with ``strict=False`` (importing this module, which must not fail: a
+    command line could not report it) the CPU's own choice stands and :func:`get_profile` raises.
 
     The large sizes go to the CPUs whose 2 cores were measured to run every chapter at them within
     15 minutes: native bf16 through AVX512-BF16 without AMX (AMD EPYC). A CPU without native bf16
@@ -529,11 +531,11 @@ def cpu_kind() -> str:
     chapter 2 of the large sizes past 15 minutes (``make book``); it takes the compact sizes too.
     The sampler's and the training pass's dtype follow the CPU (bf16 where native), not this."""
     chosen = os.environ.get(SIZES_ENV, "").strip().lower()
-    if chosen:
-        if chosen not in FULL_SIZES:
-            raise ConfigError(f"unknown full-profile sizes {chosen!r} (from ${SIZES_ENV}); choose "
-                              f"one of {', '.join(FULL_SIZES)}")
+    if chosen in FULL_SIZES:
         return chosen
+    if chosen and strict:
+        raise ConfigError(f"unknown full-profile sizes {chosen!r} (from ${SIZES_ENV}); choose "
+                          f"one of {', '.join(FULL_SIZES)}")
     return "large" if hardware.native_bf16() and not hardware.has_amx() else "compact"
 
 
@@ -674,7 +676,7 @@ def _compact_profile(full: Profile) -> Profile:
 
 #: The full profile of each kind of CPU (:func:`cpu_kind`): ``PROFILES["full"]`` is this machine's.
 FULL_BY_CPU: dict[str, Profile] = {"large": PROFILES["full"], "compact": _compact_profile(PROFILES["full"])}
-PROFILES["full"] = FULL_BY_CPU[cpu_kind()]
+PROFILES["full"] = FULL_BY_CPU[cpu_kind(strict=False)]
 PROFILES["binder"] = _binder_profile(PROFILES["full"])
 
 
@@ -687,6 +689,8 @@ def get_profile(name: str | None = None) -> Profile:
         raise ConfigError(
             f"unknown profile {name!r} (from ${PROFILE_ENV} or the argument); "
             f"choose one of {', '.join(PROFILE_NAMES)}")
+    if name != "smoke":
+        cpu_kind()          # a bad $GRPO_COURSE_SIZES: one line, here rather than at import
     return PROFILES[name]
 
 

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from grpo_course.config import PROFILES, ConfigError, EvalConfig, GRPOConfig, check_group_config, get_profile
@@ -122,8 +124,30 @@ def test_the_full_profile_is_sized_to_the_cpu(monkeypatch):
     monkeypatch.setenv(config.SIZES_ENV, "huge")
     with pytest.raises(ConfigError, match="unknown full-profile sizes 'huge' .*GRPO_COURSE_SIZES"):
         config.cpu_kind()
+    for name in ("full", "binder"):
+        with pytest.raises(ConfigError, match="unknown full-profile sizes 'huge'"):
+            get_profile(name)
+    assert get_profile("smoke") is PROFILES["smoke"]       # the smoke profile has no CPU sizes
     monkeypatch.undo()
     assert PROFILES["full"] is config.FULL_BY_CPU[config.cpu_kind()]
+
+
+@pytest.mark.heavy
+def test_a_bad_sizes_value_is_one_line_from_a_command_not_an_import_traceback(tmp_path):
+    """Importing the config never fails on ``$GRPO_COURSE_SIZES``: the modules that read a profile
+    at import would give every command a traceback. The train CLI names the value in one line."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GRPO_COURSE_SIZES": "huge", "GRPO_COURSE_PROFILE": "full"}
+    imported = subprocess.run([sys.executable, "-c", "import grpo_course.measure.reference"],
+                              env=env, capture_output=True, text=True, timeout=300)
+    assert imported.returncode == 0, imported.stderr
+    run = subprocess.run([sys.executable, "-m", "grpo_course.core.train", "--out", str(tmp_path / "run")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        "error: unknown full-profile sizes 'huge' (from $GRPO_COURSE_SIZES); choose one of large, compact"]
 
 
 def test_every_profile_section_field_is_read_somewhere():
