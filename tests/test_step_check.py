@@ -221,14 +221,27 @@ def test_micro_batches_over_a_bf16_base_differ_by_bf16_rounding(
         full_trainer, fp32_case, grpo_step, monkeypatch):
     """With the frozen base held in bf16, the trainer's passes (one group each, the tied group
     left out) and the one pass by hand multiply matrices of other shapes, and their bf16
-    roundings differ: the two gradients may differ, but by no more than bf16 rounding moves the
-    written-out step itself away from the same step over the fp32 base."""
+    roundings differ. What bf16 does to the written-out step is measured here (its gradient over
+    the bf16 base against the same step over the fp32 base): ``rounding``, the largest entry's
+    gap, and ``turn``, one minus the two gradients' cosine. The trainer's bf16 gradient may lie
+    that far from its own fp32 gradient, twice the gap (four times the turn) from the bf16
+    gradient by hand: two independent roundings, each about ``rounding`` from the fp32 step, lie
+    within twice that of each other, and a CPU's bf16 kernels (AMX or AVX-512) change which of
+    the two lies closer. A mistake in the trainer's bf16 path (a group scaled wrongly, a cast
+    lost) moves the gradient by far more. The updates themselves are not compared: AdamW's first
+    update is about the sign of each gradient entry times the learning rate, so the many small
+    entries whose sign bf16 rounding flips weigh as much as the large ones."""
     config = tied_and_informative(full_trainer, monkeypatch)
     bf16 = compare_steps(full_trainer, grpo_step, fp32_case.tied, config)
     check_tied_and_informative(bf16, config)
     fp32 = tied_step(fp32_case, grpo_step, monkeypatch)
     assert fp32["hand"]["rewards"] == bf16["hand"]["rewards"], "the two runs sampled differently"
-    (hand_bf16, trainer_bf16), (hand_fp32, _) = bf16["gradients"], fp32["gradients"]
-    rounding = relative_gap(hand_bf16, hand_fp32)       # what bf16 does to the step by hand
-    assert relative_gap(trainer_bf16, hand_bf16) <= rounding
-    assert bf16["cosine"] >= 0.99
+    (hand_bf16, trainer_bf16), (hand_fp32, trainer_fp32) = bf16["gradients"], fp32["gradients"]
+
+    def turn(a, b):
+        return 1.0 - float(a @ b / (a.norm() * b.norm()))
+    rounding, bf16_turn = relative_gap(hand_bf16, hand_fp32), turn(hand_bf16, hand_fp32)
+    assert 0 < rounding < 0.1, "bf16 rounding should move the step a little, not much"
+    assert relative_gap(trainer_bf16, trainer_fp32) <= 2 * rounding
+    assert relative_gap(trainer_bf16, hand_bf16) <= 2 * rounding
+    assert turn(trainer_bf16, hand_bf16) <= 4 * bf16_turn
