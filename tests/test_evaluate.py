@@ -355,6 +355,17 @@ def test_cli_rejects_bad_samples_in_one_line(argv, message, capsys):
     assert len(err) == 1 and message in err[0]
 
 
+def test_cli_names_a_bad_sizes_value_where_it_reads_the_full_profile(capsys, monkeypatch):
+    """``--samples`` on whole problems takes the full profile's budget: a bad
+    ``$GRPO_COURSE_SIZES`` is one line naming it, not a traceback."""
+    monkeypatch.setenv("GRPO_COURSE_SIZES", "huge")
+    with pytest.raises(SystemExit) as stop:
+        main(["--samples", "4", "--n", "2"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown full-profile sizes 'huge'" in err[0]
+
+
 def test_sampled_result_and_the_paired_difference():
     from grpo_course.measure.evaluate import SampledResult, compare_sampled
     a = SampledResult(4, [{"idx": i, "right": r, "formatted": 4} for i, r in enumerate([0, 1, 2, 0])])

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from tqdm.auto import tqdm
 
-from grpo_course.config import PROFILES, SAMPLING_DTYPES, START_BUDGETS, ConfigError
+from grpo_course.config import SAMPLING_DTYPES, START_BUDGETS, ConfigError, get_profile
 from grpo_course.core.answers import (
     answers_match,  # the course's one correctness rule (also the rewards')
     extract_hash_answer,
@@ -528,7 +528,10 @@ def _budget(parser, args) -> int:
     sampled budget shorter than GRPO's at that start is an error naming both."""
     if args.samples is None:
         return 256 if args.max_new_tokens is None else args.max_new_tokens
-    need = START_BUDGETS.get(args.lines_left, PROFILES["full"].eval.max_new_tokens)
+    try:    # the full profile's greedy budget for whole problems (a bad $GRPO_COURSE_SIZES: one line)
+        need = START_BUDGETS.get(args.lines_left, get_profile("full").eval.max_new_tokens)
+    except ConfigError as exc:
+        parser.error(str(exc))
     if args.max_new_tokens is None:
         return need
     if args.max_new_tokens < need:
