@@ -354,8 +354,9 @@ class TRLSizes:
     eval_n: int = 128                # held-out problems per model (the warm start's are reused
                                      # from chapter 3's cached evaluation)
     ddp_steps: int = 1               # steps of the 2-process TRL run (0: skipped)
-    dtype: str = "float32"           # TRL's weights: float32 (and bf16=False), or auto: bf16
-                                     # weights and bf16=True where the CPU has bf16
+    dtype: str = "auto"              # TRL's weights: auto: bf16 weights and bf16=True (TRL's
+                                     # default, its fastest setting) where the CPU has native
+                                     # bf16, else fp32; or float32 (and bf16=False)
     micro_batch: int | None = None   # completions per forward/backward pass of TRL's step
                                      # (gradient accumulation; None: the whole step at once),
                                      # like GRPOConfig.train_micro_batch
@@ -611,8 +612,8 @@ PROFILES: dict[str, Profile] = {
 def _binder_profile(full: Profile) -> Profile:
     """The full profile's lessons within a free Binder session's 2 GB (aiming at a peak RSS of
     at most 1.8 GiB per chapter, measured by ``bench/memory.py``): the same recipe and warm start, with
-    activation checkpointing in the training passes (the course trainer's and TRL's; TRL's weights
-    in bf16 where the CPU has it, and its step's completions through the model two at a time),
+    activation checkpointing in the training passes (the course trainer's and TRL's; TRL's step's
+    completions through the model two at a time),
     smaller sampling and evaluation batches (the pass@k samples of one problem at a time; the
     live run of chapter 3's second page samples one prompt a round, up to four rounds a step),
     64-token completions in chapter 3's loop, fewer
@@ -634,7 +635,7 @@ def _binder_profile(full: Profile) -> Profile:
                                            "max_sampling_rounds": 4},
                       slices=tuple((lo, min(hi, lo + 128)) for lo, hi in full.start.slices),
                       whole_problems=min(full.start.whole_problems, 128), sample_prompts=1),
-        trl=replace(full.trl, eval_n=min(full.trl.eval_n, 128), ddp_steps=0, dtype="auto", micro_batch=2),
+        trl=replace(full.trl, eval_n=min(full.trl.eval_n, 128), ddp_steps=0, micro_batch=2),
         quant=replace(full.quant, eval_n=min(full.quant.eval_n, 48), policy_steps=min(full.quant.policy_steps, 4)),
         prof=replace(full.prof, copy_mib=128, full_finetune=False, logits_completions=2,
                      trace_step={"num_generations": 2, "per_step_completions": 2,

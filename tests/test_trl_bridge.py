@@ -54,6 +54,22 @@ def test_per_device_batch_splits_the_step_and_checks_the_batch_rule():
         trl_bridge.per_device_batch(cfg, 0)
 
 
+def test_bf16_flag_asks_trl_for_its_default_precision():
+    """``--bf16`` (chapter 4 passes it where its own TRL run is in bf16): TRL's bf16=True for
+    every process; without it, fp32 on a CPU."""
+    from types import SimpleNamespace
+
+    cfg = GRPOConfig(num_generations=4, per_step_completions=8)
+    flags = SimpleNamespace(micro_batch=None, vllm_mode=None, bf16=True)
+    assert trl_bridge.process_overrides(cfg, flags, 1)["bf16"] is True
+    assert trl_bridge.parse_train_args(["--out", "x", "--bf16"], trl_bridge.TRLRunArguments,
+                                       "trl_bridge")[0].bf16 is True
+    import torch
+    if not torch.cuda.is_available():
+        assert "bf16" not in trl_bridge.process_overrides(cfg, SimpleNamespace(
+            micro_batch=None, vllm_mode=None, bf16=False), 1)
+
+
 def test_vllm_modes_are_checked_before_launch():
     assert trl_bridge.vllm_overrides(None) == {}
     with pytest.raises(ConfigError, match="choose one of colocate, server"):

@@ -4,7 +4,7 @@ The course trainer (:mod:`grpo_course.core.train`) and ``trl.GRPOTrainer`` run t
 algorithm; this module translates :class:`grpo_course.config.GRPOConfig` into TRL's
 objects so the two can be compared on the same prompts and rewards:
 
-* :func:`grpo_config_from_course` -> ``trl.GRPOConfig`` (CPU, fp32, no bf16);
+* :func:`grpo_config_from_course` -> ``trl.GRPOConfig`` (CPU, fp32 unless asked for bf16);
 * :func:`lora_config_from_course` -> ``peft.LoraConfig``;
 * :func:`trl_dataset` -> a ``datasets.Dataset`` with a conversational ``prompt`` and ``answer``;
 * :func:`reward_funcs_from_course` -> reward functions and their weights;
@@ -427,6 +427,9 @@ class TRLRunArguments(RunArguments):
         "help": "Completions each process passes through the model at a time (TRL's gradient "
                 "accumulation): the same step in less memory. Must divide the process's share of "
                 "per_step_completions. Default: its whole share at once."})
+    bf16: bool = field(default=False, metadata={
+        "help": "TRL's default precision: the model's weights in bf16 and bf16=True (on a CPU, "
+                "fast only where bf16 is native: AVX512-BF16 or AMX). Default: fp32."})
     vllm_mode: str | None = field(default=None, metadata={
         "help": "colocate | server: generate with vLLM (TRL's use_vllm; a CUDA GPU and the vllm "
                 "package). Default: transformers' generate."})
@@ -535,6 +538,8 @@ def process_overrides(cfg: GRPOConfig, args, world: int) -> dict[str, Any]:
     share of each step's completions in micro-batches of ``--micro_batch`` (gradient
     accumulation over them gives the same step)."""
     overrides: dict[str, Any] = {**device_overrides(), **vllm_overrides(args.vllm_mode)}
+    if args.bf16:
+        overrides["bf16"] = True
     share = per_device_batch(cfg, world)
     micro = args.micro_batch or share
     if micro < 1 or share % micro:
@@ -551,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m grpo_course.topics.trl_bridge``: train with ``trl.GRPOTrainer`` from the course config.
 
     The same flags as ``python -m grpo_course.core.train`` (every GRPOConfig field, ``--profile``,
-    ``--config``), plus ``--warm_start`` and ``--vllm_mode``. Under ``accelerate launch
+    ``--config``), plus ``--warm_start``, ``--micro_batch``, ``--bf16`` and ``--vllm_mode``. Under ``accelerate launch
     --num_processes N`` it trains data-parallel (gloo on a CPU): each process takes its share of
     the cores and of each step's completions. Ends with one JSON line (rank 0)."""
     rank, local_rank, world = distributed_world()
@@ -572,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
                 source = warm_start(cfg, load_gsm8k("train"), verbose=rank == 0)
         else:
             source = cfg.model
-        model, tokenizer = load_model(source)
+        model, tokenizer = load_model(source, dtype=torch.bfloat16 if args.bf16 else torch.float32)
     except (ValueError, RuntimeError, OSError) as exc:   # ConfigError, DataError, ModelError
         return report(exc)
     try:
