@@ -184,4 +184,4 @@ def test_recipe_rows_show_every_recipe_on_every_slice_and_who_passes_all():
                                                          ("0:3", "grounded"), ("3:6", "grounded")]
     assert rows[0]["bars passed"] == "1/2" and rows[2]["gold step %"] == pytest.approx(100.0)
     assert "misses" in verdicts[0] and "rows 3:6 it passes every bar" in verdicts[0]
-    assert verdicts[-1] == "recipes that pass every bar on every slice: `grounded`"
+    assert verdicts[-1] == "recipes that pass every bar on every slice: grounded"

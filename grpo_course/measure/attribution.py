@@ -251,7 +251,7 @@ def recipe_rows(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]
                          f"{b['equations_per_problem']:.1f})")
         if all(all(h["checks"].values()) for h in recipe["held_out"].values()):
             clean.append(name)
-        verdicts.append(f"`{name}`: " + ", and ".join(parts))
+        verdicts.append(f"{name}: " + ", and ".join(parts))
     verdicts.append("recipes that pass every bar on every slice: " +
-                    (", ".join(f"`{n}`" for n in clean) if clean else "none"))
+                    (", ".join(clean) if clean else "none"))
     return rows, verdicts
