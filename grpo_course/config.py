@@ -355,8 +355,8 @@ class TRLSizes:
                                      # from chapter 3's cached evaluation)
     ddp_steps: int = 1               # steps of the 2-process TRL run (0: skipped)
     dtype: str = "auto"              # TRL's weights: auto: bf16 weights and bf16=True (TRL's
-                                     # default, its fastest setting) where the CPU has native
-                                     # bf16, else fp32; or float32 (and bf16=False)
+                                     # default precision) where the CPU has native bf16, else
+                                     # fp32; or float32 (and bf16=False)
     micro_batch: int | None = None   # completions per forward/backward pass of TRL's step
                                      # (gradient accumulation; None: the whole step at once),
                                      # like GRPOConfig.train_micro_batch
