@@ -1,12 +1,12 @@
-"""Batched G-per-prompt sampling with a preallocated key/value cache.
+"""Batched G-per-prompt sampling with a key/value cache.
 
-Each prompt runs through the model once (prefill); its keys/values are written G
-times into a cache allocated once for the whole completion budget, and the G
-completions decode together, one token per step; a sequence that has emitted EOS leaves
-the batch (its cache rows are dropped once a quarter of the batch has finished), so the
-long tail of a batch is decoded at the width it really has. The sampler keeps the
-log-probability of every token it drew, so a trainer that uses each batch once
-needs no extra forward pass for ``old_per_token_logps``.
+Each prompt runs through the model once (prefill) and its keys/values are kept once: its G
+completions share them (:func:`shared_prefix_attention`), and only their new tokens' keys/values
+are per row, in a buffer allocated once for the whole completion budget. The completions decode
+together, one token per step; a sequence that has emitted EOS leaves the batch (its cache rows
+are dropped once a quarter of the batch has finished), so the long tail of a batch is decoded at
+the width it really has. The sampler keeps the log-probability of every token it drew, so a
+trainer that uses each batch once needs no extra forward pass for ``old_per_token_logps``.
 
 For Llama-style models (the bundled SmolLM2) decoding runs a compact re-implementation
 of the forward pass over a snapshot of the weights (LoRA deltas merged in, q/k/v and
@@ -14,16 +14,18 @@ gate/up fused into one matrix each): fewer, larger matrix products, no cache
 concatenation and no per-step framework overhead. Other architectures use the
 transformers model with its own cache (slower, same results).
 
-Decoding one token per step reads every weight once per step, so it is bound by memory
-bandwidth. ``sampling_dtype="bfloat16"`` snapshots the weights in bf16 (half the bytes,
-and the CPU's AVX512-BF16 instructions where it has them): more tokens per second
-(chapter 7 measures it); the bf16 weights are also reordered once per call into oneDNN's blocked layout,
-which a plain bf16 product redoes on every step (not in low-memory mode, where that
-second copy of the weights does not fit: :func:`grpo_course.infra.memory.use_low_memory`).
-``"auto"`` picks bf16 only on CPUs with native bf16 support (elsewhere bf16 matrix products are
-emulated and slower). A bf16 sampler draws from a very slightly different
-distribution, so its log-probs are a diagnostic, not the trainer's ``old_per_token_logps``
-(see :mod:`grpo_course.core.train`).
+Decoding G x P rows multiplies every weight by a few dozen rows per step: almost all of its time
+is in those products. The snapshot's weights are reordered once per call into oneDNN's blocked
+layout (fp32 and bf16), which a plain product redoes or streams around on every step (not in
+low-memory mode, where that second copy of the weights does not fit:
+:func:`grpo_course.infra.memory.use_low_memory`). ``sampling_dtype="bfloat16"`` snapshots the
+weights in bf16 (half the bytes, and the CPU's AVX512-BF16 or AMX instructions where it has
+them); ``"auto"`` picks bf16 only on CPUs with native bf16 support (elsewhere bf16 matrix products
+are emulated and slower). Everything between the products (the residual stream, norms, rotary
+embeddings, attention) stays in fp32. A bf16 sampler draws from a very slightly different
+distribution, so its log-probs are a diagnostic, not the trainer's ``old_per_token_logps`` (see
+:mod:`grpo_course.core.train`). ``bench/sampler.py`` times it against transformers' ``generate``
+and llama.cpp.
 """
 from __future__ import annotations
 
@@ -230,10 +232,12 @@ def supports_fast_path(model) -> bool:
 
 
 def _prepack(weight: torch.Tensor, rows: int) -> torch.Tensor | None:
-    """A bf16 weight reordered once into oneDNN's blocked layout (a plain bf16 matrix product
-    re-packs its weight on every call), or ``None`` where that op is not available."""
+    """``weight`` (fp32 or bf16) reordered once into oneDNN's blocked layout, or ``None`` where
+    that op is not available. A plain product reorders (bf16) or streams (fp32, MKL's layout) the
+    weight on every call; decoding calls each weight once per token, so once pays."""
     op = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
-    if weight.dtype != torch.bfloat16 or op is None or not torch.backends.mkldnn.is_available():
+    if weight.dtype not in (torch.float32, torch.bfloat16) or op is None \
+            or not torch.backends.mkldnn.is_available():
         return None
     try:
         return op(weight, rows)
@@ -247,30 +251,48 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) 
     return F.linear(x, weight)
 
 
-FP32_ATTENTION_ROWS = 16   # decoding fewer rows than this, attention runs in fp32
+def shared_prefix_attention(q: torch.Tensor, prompt_k: torch.Tensor, prompt_v: torch.Tensor,
+                            prompt_bias: torch.Tensor, new_k: torch.Tensor, new_v: torch.Tensor,
+                            slots: torch.Tensor, width: int) -> torch.Tensor:
+    """Attention of one new position per row, in fp32, over its prompt's keys and values (held
+    once per prompt, shared by the prompt's G rows) and over the row's own new tokens.
 
+    ``q`` [B, K, R, D] (R = H/K query heads per key/value head); ``prompt_k``/``prompt_v``
+    [P, K, Lp, D]; ``prompt_bias`` [P*K, 1, Lp] (0, or -inf at the prompt's left padding);
+    ``new_k``/``new_v`` [B, K, T, D], every slot a real token; ``slots`` [B]: each row's place in
+    a [P, width] layout of the prompts' rows (row-major, as rows leave a group has fewer).
 
-def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      bias: torch.Tensor) -> torch.Tensor:
-    """Attention of one new position per row: ``q`` [B, K, H/K, D] over the cache slices ``k``,
-    ``v`` [B, K, S, D], ``bias`` [B*K, H/K, S] (0 or -inf); scores and softmax in fp32.
-
-    Two batched matrix products: at one query position they beat the fused (flash) kernel, which is
-    built for long query blocks. A bf16 ``bmm`` of a strided cache slice copies it itself, slower
-    than one explicit copy, so the slices are copied first. Below ``FP32_ATTENTION_ROWS`` rows the copies are made in fp32
-    and the products run in fp32 (an fp32 cache is read in place): at a few rows the cost is per
-    call, and fp32 products have less of it; at many rows bf16's half the bytes wins (where they
-    cross is ``FP32_ATTENTION_ROWS``)."""
+    The prompt part is one product per prompt and key/value head with width x R query rows,
+    rather than B products that each read a copy of the prompt (Hydragen, arXiv 2402.05099;
+    vLLM's cascade attention). Both parts' scores meet in one softmax, so the result is
+    attention over the concatenated keys."""
     B, K, R, D = q.shape
-    if k.dtype == torch.float32 or B < FP32_ATTENTION_ROWS:
-        k3, v3 = k.flatten(0, 1).float(), v.flatten(0, 1).float()
-        scores = torch.baddbmm(bias, q.reshape(B * K, R, D).float(), k3.transpose(1, 2),
-                               alpha=D ** -0.5)
-        return torch.bmm(scores.softmax(-1), v3).view(B, K, R, D)
-    k3, v3 = k.flatten(0, 1).contiguous(), v.flatten(0, 1).contiguous()
-    scores = torch.bmm(q.reshape(B * K, R, D), k3.transpose(1, 2))
-    scores = scores.float().mul_(D ** -0.5).add_(bias).softmax(-1).to(v.dtype)
-    return torch.bmm(scores, v3).view(B, K, R, D)
+    P, Lp = prompt_k.shape[0], prompt_k.shape[2]
+    scale = D ** -0.5
+
+    full = B == P * width        # every prompt has all its rows: the layout is the rows' order
+
+    def to_groups(x: torch.Tensor) -> torch.Tensor:      # [B, K, R, n] -> [P*K, width*R, n]
+        grouped = x
+        if not full:
+            grouped = x.new_zeros(P * width, *x.shape[1:])
+            grouped[slots] = x
+        return grouped.reshape(P, width, K, R, -1).transpose(1, 2).reshape(P * K, width * R, -1)
+
+    def from_groups(x: torch.Tensor) -> torch.Tensor:    # [P*K, width*R, n] -> [B, K, R, n]
+        n = x.shape[-1]
+        grouped = x.view(P, K, width, R, n).transpose(1, 2).reshape(P * width, K, R, n)
+        return grouped if full else grouped[slots]
+
+    scores_prompt = torch.baddbmm(prompt_bias, to_groups(q), prompt_k.flatten(0, 1).transpose(1, 2),
+                                  alpha=scale)                                # [P*K, width*R, Lp]
+    scores_new = torch.bmm(q.reshape(B * K, R, D), new_k.flatten(0, 1).transpose(1, 2))
+    scores = torch.cat([from_groups(scores_prompt).view(B * K, R, Lp),
+                        scores_new.mul_(scale)], -1).softmax(-1)              # [B*K, R, Lp+T]
+    probs_prompt, probs_new = scores.split([Lp, scores.shape[-1] - Lp], -1)
+    out = from_groups(torch.bmm(to_groups(probs_prompt.reshape(B, K, R, Lp)),
+                                prompt_v.flatten(0, 1)))                      # [B, K, R, D]
+    return out.view(B * K, R, D).baddbmm_(probs_new, new_v.flatten(0, 1)).view(B, K, R, D)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -286,7 +308,13 @@ def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
 
 
 class FastLlama:
-    """A weight snapshot of a Llama model with a preallocated KV cache, for sampling."""
+    """A weight snapshot of a Llama model with its key/value cache, for sampling.
+
+    The weights are in the snapshot's ``dtype`` (its matrix products); the residual stream, the
+    norms' statistics, rotary embeddings and attention stay in fp32, so nothing is cast back and
+    forth between products. The cache holds each prompt's keys and values once
+    (:func:`shared_prefix_attention`) and each row's new tokens in a buffer allocated once for
+    the whole completion budget."""
 
     def __init__(self, model, dtype: torch.dtype | None = None):
         base = _base(model)
@@ -315,58 +343,78 @@ class FastLlama:
         self.inter = self.layers[0][4].shape[0] // 2
 
     def _rms_norm(self, norm: torch.nn.Module):
-        """Llama's RMSNorm (statistics in fp32), returning the snapshot's dtype."""
+        """Llama's RMSNorm of the fp32 residual stream, returning the snapshot's dtype."""
         weight = norm.weight.detach().float()
         eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
         dtype = self.dtype      # not ``self``: a closure over it would keep the snapshot alive
 
         def apply(h: torch.Tensor) -> torch.Tensor:
-            return F.rms_norm(h.float(), weight.shape, weight, eps).to(dtype)
+            return F.rms_norm(h, weight.shape, weight, eps).to(dtype)
         return apply
 
-    def allocate(self, batch: int, length: int, dtype: torch.dtype) -> None:
-        # one cache tensor per layer: dropping finished rows (select) then copies one layer at a
-        # time, so the cache never exists twice over
+    def allocate(self, batch: int, max_new_tokens: int) -> None:
+        # one buffer per layer for the new tokens' keys/values: dropping finished rows (select)
+        # then copies one layer at a time, so the cache never exists twice over
         # (left uninitialised: attention reads only the slots written so far, so the pages of the
         # slots still to come take no memory until decoding reaches them)
-        shape = (batch, self.n_kv, length, self.head_dim)
-        self.k = [torch.empty(shape, dtype=dtype) for _ in self.layers]
-        self.v = [torch.empty(shape, dtype=dtype) for _ in self.layers]
-        self.written = 0            # slots 0..written-1 hold keys and values
+        shape = (batch, self.n_kv, max_new_tokens, self.head_dim)
+        self.k = [torch.empty(shape) for _ in self.layers]
+        self.v = [torch.empty(shape) for _ in self.layers]
+        self.written = 0            # new-token slots 0..written-1 hold keys and values
         # decoding multiplies every weight by a few rows per step: reorder the weights once (a
-        # second copy of them: not in low-memory mode, where each product re-packs its weight)
+        # second copy of them: not in low-memory mode, where each product reads its weight as is)
         pack = (lambda w: None) if memory.low_memory() else (lambda w: _prepack(w, batch))
         self.packed = [tuple(pack(w) for w in (wqkv, wo, wgu, wd))
                        for _, wqkv, wo, _, wgu, wd in self.layers]
         self.packed_head = pack(self.lm_head)
 
     def _rotary(self, h: torch.Tensor, positions: torch.Tensor):
-        cos, sin = (c.to(self.dtype) for c in self.rotary(h.float(), positions))
+        cos, sin = self.rotary(h, positions)
         return cos, _signed_sin(sin)
+
+    def _set_rows(self, prompt_of: torch.Tensor) -> None:
+        """Each row's prompt (rows in order, a prompt's rows together) and its slot in the
+        [prompts, width] layout of :func:`shared_prefix_attention`."""
+        counts = torch.bincount(prompt_of, minlength=self.prompt_k[0].shape[0])
+        self.width = int(counts.max())
+        first = counts.cumsum(0) - counts
+        self.prompt_of = prompt_of
+        self.slots = prompt_of * self.width + torch.arange(len(prompt_of)) - first[prompt_of]
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                 repeat: int) -> torch.Tensor:
-        """Run the prompts [P, L] once; write their K/V ``repeat`` times; last logits [P*repeat, V]."""
+        """Run the prompts [P, L] once and keep their keys/values once; the last logits of each
+        prompt for each of its ``repeat`` rows, [P*repeat, V]."""
         P, L = ids.shape
-        h = F.embedding(ids, self.embed).to(self.dtype)
+        h = F.embedding(ids, self.embed).float()
         cos, sin = self._rotary(h, positions)
         cos, sin = cos[:, None], sin[:, None]
         keep = torch.ones(L, L, dtype=torch.bool).tril()[None, None] & mask.bool()[:, None, None, :]
         keep = keep | torch.eye(L, dtype=torch.bool)  # pad rows attend to themselves: no NaN
         H, K, D = self.n_heads, self.n_kv, self.head_dim
+        self.prompt_k, self.prompt_v = [], []
         for i, (n1, wqkv, wo, n2, wgu, wd) in enumerate(self.layers):
             p_qkv, p_o, p_gu, p_d = self.packed[i]
-            qkv = _linear(n1(h), wqkv, p_qkv).view(P, L, H + 2 * K, D).transpose(1, 2)
+            qkv = _linear(n1(h), wqkv, p_qkv).float().view(P, L, H + 2 * K, D).transpose(1, 2)
             q, k, v = qkv.split([H, K, K], 1)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            self.k[i][:, :, :L] = k.repeat_interleave(repeat, 0)
-            self.v[i][:, :, :L] = v.repeat_interleave(repeat, 0)
+            self.prompt_k.append(k.contiguous())
+            self.prompt_v.append(v.contiguous())
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
-            h = h + _linear(a.transpose(1, 2).reshape(P, L, H * D), wo, p_o)
+            h = h + _linear(a.transpose(1, 2).reshape(P, L, H * D).to(self.dtype), wo, p_o)
             g, u = _linear(n2(h), wgu, p_gu).split(self.inter, -1)
             h = h + _linear(F.silu(g) * u, wd, p_d)
-        self.written = L
+        bias = torch.zeros(P, L).masked_fill_(~mask.bool(), float("-inf"))
+        self.prompt_bias_rows = bias                                 # [P, Lp]
+        self._set_prompt_bias()
+        self._set_rows(torch.arange(P).repeat_interleave(repeat))
+        self.written = 0
         return self._logits(h[:, -1]).repeat_interleave(repeat, 0)
+
+    def _set_prompt_bias(self) -> None:
+        P, L = self.prompt_bias_rows.shape
+        self.prompt_bias = self.prompt_bias_rows[:, None, None].expand(P, self.n_kv, 1, L) \
+            .reshape(P * self.n_kv, 1, L)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         if self.packed_head is not None:
@@ -375,33 +423,41 @@ class FastLlama:
         return (self.lm_head @ self.norm(h).T).T.float()
 
     def select(self, rows: torch.Tensor) -> None:
-        """Keep only the cache rows ``rows`` (sequences that are still decoding); only the slots
-        written so far are copied (the others stay untouched, so they take no memory yet)."""
+        """Keep only the rows ``rows`` (sequences still decoding, in order) and the prompts they
+        belong to; only the new-token slots written so far are copied (the others stay
+        untouched, so they take no memory yet)."""
         for cache in (self.k, self.v):
             for i in range(len(cache)):
-                kept = torch.empty((len(rows), *cache[i].shape[1:]), dtype=cache[i].dtype)
+                kept = torch.empty((len(rows), *cache[i].shape[1:]))
                 kept[:, :, :self.written] = cache[i][rows, :, :self.written]
                 cache[i] = kept
+        prompt_of = self.prompt_of[rows]
+        prompts = torch.unique(prompt_of)                             # sorted
+        if len(prompts) < self.prompt_k[0].shape[0]:
+            self.prompt_k = [k[prompts] for k in self.prompt_k]
+            self.prompt_v = [v[prompts] for v in self.prompt_v]
+            self.prompt_bias_rows = self.prompt_bias_rows[prompts]
+            self._set_prompt_bias()
+            prompt_of = torch.searchsorted(prompts, prompt_of)
+        self._set_rows(prompt_of)
 
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor,
-               t: int) -> torch.Tensor:
-        """One token per row at cache slot ``t``; ``keep`` [B, t+1] marks attendable slots."""
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, t: int) -> torch.Tensor:
+        """One token per row, written at new-token slot ``t``; the next logits [B, V]."""
         B = tokens.shape[0]
         H, K, D = self.n_heads, self.n_kv, self.head_dim
-        h = F.embedding(tokens, self.embed).to(self.dtype)         # [B, d]
+        h = F.embedding(tokens, self.embed).float()                # [B, d]
         cos, sin = self._rotary(h[:, None], positions[:, None])    # [B, 1, D]
-        # the mask as an additive bias, made once for all layers: [B*K, H/K, t+1]
-        bias = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf"))
-        bias = bias[:, None, None].expand(B, K, H // K, -1).reshape(B * K, H // K, -1)
         for i, (n1, wqkv, wo, n2, wgu, wd) in enumerate(self.layers):
             p_qkv, p_o, p_gu, p_d = self.packed[i]
-            qkv = _linear(n1(h), wqkv, p_qkv).view(B, H + 2 * K, D)
+            qkv = _linear(n1(h), wqkv, p_qkv).float().view(B, H + 2 * K, D)
             qk = _rope(qkv[:, :H + K], cos, sin)                    # q and k heads together
             self.k[i][:, :, t] = qk[:, H:]
             self.v[i][:, :, t] = qkv[:, H + K:]
             # grouped-query attention: the H/K query heads of a KV head act as K query rows
-            q = qk[:, :H].reshape(B, K, H // K, D)
-            a = _decode_attention(q, self.k[i][:, :, :t + 1], self.v[i][:, :, :t + 1], bias)
+            a = shared_prefix_attention(
+                qk[:, :H].reshape(B, K, H // K, D), self.prompt_k[i], self.prompt_v[i],
+                self.prompt_bias, self.k[i][:, :, :t + 1], self.v[i][:, :, :t + 1],
+                self.slots, self.width)
             h = h + _linear(a.view(B, H * D).to(self.dtype), wo, p_o)
             g, u = _linear(n2(h), wgu, p_gu).split(self.inter, -1)
             h = h + _linear(F.silu(g) * u, wd, p_d)
@@ -424,7 +480,7 @@ class _HFDecoder:
     def __init__(self, model):
         self.model = model
 
-    def allocate(self, batch, length, dtype):
+    def allocate(self, batch, max_new_tokens):
         pass
 
     def prefill(self, ids, mask, positions, repeat):
@@ -435,7 +491,7 @@ class _HFDecoder:
             self.cache.batch_repeat_interleave(repeat)
         return out.logits[:, -1].repeat_interleave(repeat, 0)
 
-    def decode(self, tokens, positions, keep, t):
+    def decode(self, tokens, positions, t):
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], 1)
         out = self.model(input_ids=tokens[:, None], attention_mask=self.mask,
                          position_ids=positions[:, None], past_key_values=self.cache,
@@ -444,7 +500,7 @@ class _HFDecoder:
         return out.logits[:, -1]
 
 
-def _decode_into(decoder, dtype, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G: int,
+def _decode_into(decoder, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G: int,
                  out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], temperature: float,
                  top_p: float, generator, eos: torch.Tensor, pad_id: int, bar=None):
     """Prefill the prompts, then pick and decode one token per step into ``out`` (the chosen
@@ -454,13 +510,10 @@ def _decode_into(decoder, dtype, prompt_ids: torch.Tensor, prompt_mask: torch.Te
     budget)."""
     tokens_out, logps_out, live_out = out
     B, max_new_tokens = tokens_out.shape
-    Lp = prompt_ids.shape[1]
-    decoder.allocate(B, Lp + max_new_tokens, dtype)
+    decoder.allocate(B, max_new_tokens)
 
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     logits = decoder.prefill(prompt_ids, prompt_mask, positions, G)
-    keep = torch.zeros(B, Lp + max_new_tokens, dtype=torch.bool)
-    keep[:, :Lp] = prompt_mask.bool().repeat_interleave(G, 0)
     next_pos = positions[:, -1].repeat_interleave(G, 0) + 1
 
     # Rows that reached EOS leave the batch (``rows``: the original row of each decoding row)
@@ -485,11 +538,8 @@ def _decode_into(decoder, dtype, prompt_ids: torch.Tensor, prompt_mask: torch.Te
         if hasattr(decoder, "select") and int(alive.sum()) <= 0.75 * len(rows):
             idx = alive.nonzero().squeeze(1)
             decoder.select(idx)
-            rows, alive, tokens = rows[idx], alive[idx], tokens[idx]
-            keep, next_pos = keep[idx], next_pos[idx]
-        slot = Lp + step
-        keep[:, slot] = True
-        logits = decoder.decode(tokens, next_pos, keep[:, :slot + 1], slot)
+            rows, alive, tokens, next_pos = rows[idx], alive[idx], tokens[idx], next_pos[idx]
+        logits = decoder.decode(tokens, next_pos, step)
         next_pos = next_pos + 1
     return step, rows, alive
 
@@ -530,7 +580,7 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
         decoder = FastLlama(model, dtype) if use_fast else _HFDecoder(model)
         bar = tqdm(total=max_new_tokens, desc=progress, unit="token") if progress else None
         try:
-            step, rows, alive = _decode_into(decoder, dtype, prompt_ids, prompt_mask,
+            step, rows, alive = _decode_into(decoder, prompt_ids, prompt_mask,
                                              num_generations, (tokens_out, logps_out, live_out),
                                              temperature, top_p, generator, eos, pad_id, bar)
         finally:
