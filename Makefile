@@ -33,7 +33,8 @@ help:
 	@echo "make publish - after make book: the Colab edition (_build/colab) and _build/html for GitHub Pages"
 	@echo "make reference-run - the reference GRPO run (hours, resumable) -> data/runs/reference/"
 	@echo "make assignments - student versions of the seven chapters (no solutions, graded checks) in _build/assignments/"
-	@echo "make bench  - throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json;"
+	@echo "make bench  - the sampler vs generate and llama.cpp -> data/sampler.json;"
+	@echo "              throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json;"
 	@echo "              what whole GRPO recipes teach on held-out problems -> data/recipes.json;"
 	@echo "              where GRPO can learn (pass@k, mixed groups at each start) -> data/headroom.json;"
 	@echo "              each chapter's peak memory and minutes (binder, full) -> grpo_course/measurements/memory.json"
@@ -176,6 +177,11 @@ assignments: install
 	$(BIN)/python -m grpo_course.book.assignments --out _build/assignments
 
 bench: model
+	# the sampler against transformers' generate and llama.cpp (built here once from PyPI: the
+	# optional "bench" extra) at GRPO's and evaluation's shapes -> data/sampler.json
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
+	  CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install -q "llama-cpp-python==0.3.36"
+	$(BIN)/python bench/sampler.py
 	$(BIN)/python bench/throughput.py --sweep
 	$(BIN)/python bench/levers.py
 	# whole recipes, the same minutes each, on held-out test rows 512-1023 and 1024-1318
