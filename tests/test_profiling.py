@@ -255,3 +255,29 @@ def test_bf16_decode_point_reads_half_the_bytes_and_meets_the_bf16_roof():
     assert prof.RooflinePoint("y", flops=1e12, bytes=1.0, seconds=1.0).bound(limits) == 10.0
     assert prof.Limits(gflops=10.0, bandwidth=1.0).bf16_gflops is None
     assert prof.matmul_gflops(64, repeats=1, dtype=torch.bfloat16) > 0
+
+
+def test_sampler_table_and_sentence_read_the_words_from_the_ratios():
+    from grpo_course.measure.profiling import sampler_sentence, sampler_table
+    engine = lambda tps, setting="float32": {"setting": setting, "tokens_per_s": tps,
+                                             "gflops": tps * 0.27, "fraction_of_roof": tps / 1000}
+    record = {"shapes": {"one_line": [8, 8, 64, 1.0], "greedy": [32, 1, 256, 0.0]},
+              "summary": {
+                  "one_line": {"course": engine(300), "generate": engine(100, "bfloat16"),
+                               "llama_cpp": engine(400, "Q8_0"), "before": engine(290),
+                               "course_vs_generate": 3.0, "course_vs_llama_cpp": 0.75,
+                               "course_vs_before": 300 / 290},
+                  "greedy": {"course": engine(120), "generate": engine(80), "course_vs_generate": 1.5}}}
+    table = sampler_table(record)
+    assert list(table["engine"]) == ["course sampler", "course sampler, before",
+                                     "transformers generate", "llama.cpp", "course sampler",
+                                     "transformers generate"]
+    assert table.loc[3, "setting"] == "Q8_0" and table.loc[0, "% of roof"] == 30.0
+    record["before"] = "abc1234"
+    text = sampler_sentence(record)
+    assert text.startswith("At one line left (8 prompts × 8, 64 tokens) the course sampler "
+                           "decodes 300 tokens/s (30 % of the roof), ")
+    assert "ahead of transformers' generate with bfloat16 weights (3.00×)" in text
+    assert "behind llama.cpp on its Q8_0 file (0.75×)" in text
+    assert "level with this sampler at commit abc1234 (1.03×)" in text
+    assert "In greedy evaluation (32 prompts × 1, 256 tokens)" in text

@@ -444,3 +444,57 @@ def omp_order_demo(threads: int = 1) -> pd.DataFrame:
         rows.append({"OMP_NUM_THREADS set": where,
                      **json.loads(done.stdout.strip().splitlines()[-1])})
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- the sampler benchmark
+SAMPLER_ENGINES = {"course": "course sampler", "before": "course sampler, before",
+                   "generate": "transformers generate", "llama_cpp": "llama.cpp"}
+
+
+def sampler_table(record: dict) -> pd.DataFrame:
+    """``bench/sampler.py``'s record (``data/sampler.json``) as one row per shape and engine:
+    its fastest setting, tokens/s, GFLOP/s and percent of the roof measured in the same run."""
+    rows = []
+    for shape, engines in record["summary"].items():
+        for engine, label in SAMPLER_ENGINES.items():
+            if engine in engines:
+                e = engines[engine]
+                rows.append({"shape": shape, "engine": label, "setting": e["setting"],
+                             "tokens/s": round(e["tokens_per_s"]),
+                             "GFLOP/s": round(e["gflops"], 1),
+                             "% of roof": round(100 * e["fraction_of_roof"], 1)})
+    return pd.DataFrame(rows)
+
+
+#: ratios within this of 1 read "level with": back-to-back runs of one setting on a 2-core VM
+#: differ by about as much
+LEVEL_BAND = 0.10
+
+
+def _against(ratio: float, peer: str) -> str:
+    """"ahead of <peer> (1.95×)", "behind <peer> (0.80×)" or, within :data:`LEVEL_BAND`,
+    "level with <peer> (1.03×)"."""
+    word = "level with" if abs(ratio - 1) < LEVEL_BAND else "ahead of" if ratio > 1 else "behind"
+    return f"{word} {peer} ({ratio:.2f}×)"
+
+
+def sampler_sentence(record: dict) -> str:
+    """One sentence per shape of the course sampler against each peer's fastest setting, the
+    words (ahead, behind, level) read from the ratios."""
+    names = {"one_line": "at one line left", "whole": "on whole problems",
+             "greedy": "in greedy evaluation"}
+    peer_names = {"generate": "transformers' generate with {} weights",
+                  "llama_cpp": "llama.cpp on its {} file",
+                  "before": "this sampler at commit " + str(record.get("before"))}
+    parts = []
+    for shape, row in record["summary"].items():
+        if "course" not in row:
+            continue
+        P, G, T, _ = record["shapes"][shape]
+        peers = [_against(row[f"course_vs_{p}"], peer_names[p].format(row[p]["setting"]))
+                 for p in ("generate", "llama_cpp", "before") if f"course_vs_{p}" in row]
+        parts.append(f"{names.get(shape, shape)} ({P} prompts × {G}, {T} tokens) the course "
+                     f"sampler decodes {row['course']['tokens_per_s']:.0f} tokens/s "
+                     f"({100 * row['course']['fraction_of_roof']:.0f} % of the roof)"
+                     + (", " + ", ".join(peers) if peers else ""))
+    return ". ".join(p[0].upper() + p[1:] for p in parts)
