@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -241,6 +242,20 @@ def run_worker(engine: str, shape: str, setting: str, pythonpath: Path = ROOT,
     return {"engine": engine, "setting": setting, **json.loads(line[len("RESULT"):])}
 
 
+@contextmanager
+def worktree_of(commit: str):
+    """A detached git worktree of ``commit`` (its ``grpo_course`` to run beside this checkout's),
+    removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="sampler-before-"))
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), commit],
+                   check=True, capture_output=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)],
+                       capture_output=True)
+
+
 def linear_roof(width: int = 64, repeats: int = 3) -> float:
     """GFLOP/s of oneDNN's products with prepacked fp32 weights at ``width`` rows, over the
     bundled model's own weight shapes in its order (each weight read cold, as in decoding)."""
@@ -270,6 +285,20 @@ def _timed(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def check_options(ap, out: Path, before: str | None, **counts: int | None) -> None:
+    """Reject, before any minutes are spent, what would fail at the end: an ``--out`` that is no
+    file in an existing folder, a ``--before`` that names no commit, a count under 1."""
+    if out.is_dir() or not out.parent.is_dir():
+        ap.error(f"--out {str(out)!r} must name a file in an existing folder")
+    for name, value in counts.items():
+        if value is not None and value < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1; got {value}")
+    if before is not None and subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{before}^{{commit}}"],
+            capture_output=True).returncode != 0:
+        ap.error(f"--before {before!r} names no commit of this repository")
 
 
 def fastest(results: list[dict], shape: str, engine: str) -> str | None:
@@ -327,6 +356,8 @@ def main(argv: list[str] | None = None) -> dict:
         bad = [x for x in given if x not in known]
         if bad:
             ap.error(f"unknown {name} {bad[0]!r}; choose from {', '.join(known)}")
+    check_options(ap, args.out, args.before, repeats=args.repeats,
+                  max_new_tokens=args.max_new_tokens)
 
     from grpo_course.core.loading import load_model
     from grpo_course.measure.profiling import measure_limits
@@ -340,13 +371,10 @@ def main(argv: list[str] | None = None) -> dict:
                       "copy_gb_s": limits.bandwidth, "linear_fp32_gflops_at_64": linear_roof()}}
     print(json.dumps(facts), flush=True)
     results = []
-    worktree = None
-    if args.before:
-        worktree = Path(tempfile.mkdtemp(prefix="sampler-before-"))
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree),
-                        args.before], check=True, capture_output=True)
-        engines = ["before", *engines]
-    try:
+    with ExitStack() as stack:
+        worktree = stack.enter_context(worktree_of(args.before)) if args.before else None
+        if args.before:
+            engines = ["before", *engines]
         for i, shape in enumerate(shapes):
             for engine in engines:
                 tried = settings(engine, native_bf16())
@@ -363,10 +391,6 @@ def main(argv: list[str] | None = None) -> dict:
                     r["repeat_seconds"] = [x.get("seconds") for x in runs]
                     print(json.dumps(r), flush=True)
                     results.append(r)
-    finally:
-        if worktree is not None:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
-                           capture_output=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     used = {s: (*SHAPES[s][:2], args.max_new_tokens or SHAPES[s][2], SHAPES[s][3]) for s in shapes}
