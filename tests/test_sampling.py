@@ -207,15 +207,17 @@ def test_sampling_dtype_names(monkeypatch):
         resolve_sampling_dtype("fp8")
 
 
-@pytest.mark.parametrize("dead", [False, True])
-def test_shared_prefix_attention_is_attention_over_prompt_and_new_tokens(dead):
+@pytest.mark.parametrize(("P", "G", "dead"), [(3, 4, False), (3, 4, True), (1, 4, False),
+                                              (3, 1, False), (1, 1, False)])
+def test_shared_prefix_attention_is_attention_over_prompt_and_new_tokens(P, G, dead):
     """Each prompt's keys/values held once, shared by its rows (some of which may have left the
-    batch), give SDPA over that row's prompt (left padding masked) followed by its new tokens."""
+    batch), give SDPA over that row's prompt (left padding masked) followed by its new tokens;
+    also with one prompt, or one row a prompt (greedy evaluation)."""
     from grpo_course.core.sampling import shared_prefix_attention
-    P, G, K, R, Lp, T, D = 3, 4, 3, 3, 7, 5, 8
+    K, R, Lp, T, D = 3, 3, 7, 5, 8
     g = torch.Generator().manual_seed(0)
     prompt_k, prompt_v = (torch.randn(P, K, Lp, D, generator=g) for _ in range(2))
-    pad = torch.tensor([0, 2, 4])                          # left padding of each prompt
+    pad = torch.tensor([0, 2, 4])[:P]                      # left padding of each prompt
     prompt_mask = torch.arange(Lp)[None] >= pad[:, None]   # [P, Lp]
     prompt_of = torch.arange(P).repeat_interleave(G)
     if dead:                                               # rows that left: prompt 1 keeps 1 row

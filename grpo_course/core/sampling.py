@@ -282,7 +282,8 @@ def shared_prefix_attention(q: torch.Tensor, prompt_k: torch.Tensor, prompt_v: t
     def from_groups(x: torch.Tensor) -> torch.Tensor:    # [P*K, width*R, n] -> [B, K, R, n]
         n = x.shape[-1]
         grouped = x.view(P, K, width, R, n).transpose(1, 2).reshape(P * width, K, R, n)
-        return grouped if full else grouped[slots]
+        # contiguous: with one prompt or one row a prompt, the reshape may stay a strided view
+        return grouped.contiguous() if full else grouped[slots]
 
     scores_prompt = torch.baddbmm(prompt_bias, to_groups(q), prompt_k.flatten(0, 1).transpose(1, 2),
                                   alpha=scale)                                # [P*K, width*R, Lp]
