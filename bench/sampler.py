@@ -165,7 +165,6 @@ def worker_llama_cpp(shape: str, kind: str) -> dict:
     if hasattr(cp, "kv_unified"):
         cp.kv_unified = False          # one cache per sequence (a shared one was slower)
     ctx = llama_cpp.llama_init_from_model(model, cp)
-    vocab = llama_cpp.llama_model_get_vocab(model)
     memory = llama_cpp.llama_get_memory(ctx)
     batch = llama_cpp.llama_batch_init(cp.n_batch, 0, 1)
 
@@ -198,9 +197,7 @@ def worker_llama_cpp(shape: str, kind: str) -> dict:
             # each of the G sequences samples its first token from the prompt's last logits
             tokens += [llama_cpp.llama_sampler_sample(chains[p * G + g], ctx, -1) for g in range(G)]
         positions = [len(prompts[s // G]) for s in range(B)]
-        for step in range(n):
-            if step == n - 1:
-                break
+        for step in range(n - 1):          # the n-th token is sampled from the last step's logits
             put([(tokens[s], positions[s] + step, s, True) for s in range(B)])
             tokens = [llama_cpp.llama_sampler_sample(chains[s], ctx, s) for s in range(B)]
         for chain in chains:
@@ -214,7 +211,6 @@ def worker_llama_cpp(shape: str, kind: str) -> dict:
     llama_cpp.llama_batch_free(batch)
     llama_cpp.llama_free(ctx)
     llama_cpp.llama_model_free(model)
-    del vocab
     return {**_result(shape, seconds), "system_info": info, "threads": cp.n_threads}
 
 
@@ -256,19 +252,16 @@ def worktree_of(commit: str):
                        capture_output=True)
 
 
-def linear_roof(width: int = 64, repeats: int = 3) -> float:
-    """GFLOP/s of oneDNN's products with prepacked fp32 weights at ``width`` rows, over the
-    bundled model's own weight shapes in its order (each weight read cold, as in decoding)."""
+def linear_roof(cfg, width: int = 64, repeats: int = 3) -> float:
+    """GFLOP/s of oneDNN's products with prepacked fp32 weights at ``width`` rows, over the weight
+    shapes of a model of config ``cfg`` in its order (each weight read cold, as in decoding)."""
     import torch
 
-    from grpo_course.core.loading import load_model
-    model, _ = load_model()
-    cfg = model.config
+    from grpo_course.measure.profiling import _best_time
     d, inter = cfg.hidden_size, cfg.intermediate_size
     kv = cfg.num_key_value_heads * (d // cfg.num_attention_heads)
     shapes = [(d + 2 * kv, d), (d, d), (2 * inter, d), (d, inter)] * cfg.num_hidden_layers
     shapes.append((cfg.vocab_size, d))
-    del model
     weights = [torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k), width)
                for n, k in shapes]
     inputs = {k: torch.randn(width, k) for _, k in shapes}
@@ -276,15 +269,7 @@ def linear_roof(width: int = 64, repeats: int = 3) -> float:
     def step() -> None:
         for (_, k), w in zip(shapes, weights, strict=True):
             torch.ops.mkldnn._linear_pointwise(inputs[k], w, None, "none", [], "")
-    step()
-    best = min(_timed(step) for _ in range(repeats))
-    return sum(2 * width * n * k for n, k in shapes) / best / 1e9
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    return sum(2 * width * n * k for n, k in shapes) / _best_time(step, repeats) / 1e9
 
 
 def check_options(ap, out: Path, before: str | None, **counts: int | None) -> None:
@@ -362,13 +347,13 @@ def main(argv: list[str] | None = None) -> dict:
     from grpo_course.core.loading import load_model
     from grpo_course.measure.profiling import measure_limits
     model, _ = load_model()
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params, cfg = sum(p.numel() for p in model.parameters()), model.config
     del model
     limits = measure_limits()
     roof = limits.bf16_gflops or limits.gflops
     facts = {**bench_facts(), "cores": os.cpu_count(),
              "roof": {"fp32_gflops": limits.gflops, "bf16_gflops": limits.bf16_gflops,
-                      "copy_gb_s": limits.bandwidth, "linear_fp32_gflops_at_64": linear_roof()}}
+                      "copy_gb_s": limits.bandwidth, "linear_fp32_gflops_at_64": linear_roof(cfg)}}
     print(json.dumps(facts), flush=True)
     results = []
     with ExitStack() as stack:
