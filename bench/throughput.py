@@ -16,11 +16,13 @@ pass, as chapter 3's full profile does (``--train-micro-batch all``: every group
 one pass, as TRL does; faster, with twice the activations in memory). Each trainer uses its
 own precision: the course trainer's ``auto`` (bf16 sampling and training pass where the CPU
 has native bf16, fp32 elsewhere). TRL is timed in every precision mode of ``TRL_MODES`` (fp32,
-bf16 autocast, bf16 weights + autocast) without activation checkpointing, then its fastest
+bf16 autocast, bf16 weights + autocast) where the CPU has native bf16 (else in fp32: emulated
+bf16 is no candidate for its fastest) without activation checkpointing, then its fastest
 mode again with checkpointing (TRL's default); ``trl_best`` is the fastest of them all and
 ``ratio_vs_best`` compares against it (``trl``, the fp32 run, is kept for the old ratio). The
 JSON line records the CPU flags, torch version and every setting. Results are also written to
-``data/throughput.json`` for chapter 3's plots.
+``data/throughput.json`` (merged with the file's other keys only when they were measured on the
+same kind of machine) for chapter 3's plots.
 """
 from __future__ import annotations
 
@@ -175,6 +177,12 @@ def settings(micro: str = "group") -> dict:
             "both": {name: os.environ.get(name) for name in ONEDNN_CACHES}}
 
 
+def same_machine(a: dict, b: dict) -> bool:
+    """Whether two ``measured`` records name the same kind of machine (the date aside)."""
+    drop = lambda m: {k: v for k, v in m.items() if k != "date"}
+    return drop(a) == drop(b)
+
+
 def spawn(args: list[str], timeout: float) -> dict:
     """Run this file as a worker in a fresh process; its last stdout line is JSON."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
@@ -191,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--completions", type=int, default=8, help="completions per step")
     p.add_argument("--length", type=int, default=128, help="max completion tokens")
     p.add_argument("--steps", type=int, default=5, help="timed steps after one warm-up")
-    p.add_argument("--trl-modes", default=",".join(TRL_MODES),
-                   help=f"TRL precision modes to time, comma-separated ({', '.join(TRL_MODES)})")
+    p.add_argument("--trl-modes", default=None,
+                   help=f"TRL precision modes to time, comma-separated ({', '.join(TRL_MODES)}); "
+                        f"default: all where the CPU has native bf16, else fp32 (emulated bf16 "
+                        f"products are several times slower than fp32)")
     p.add_argument("--only", choices=["ours", "trl", "sampling"], default=None)
     p.add_argument("--train-micro-batch", choices=list(MICRO_BATCHES), default="group",
                    help="completions per forward/backward pass of the course trainer: one group "
@@ -210,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                         ("--length", a.length), ("--steps", a.steps), ("--timeout", a.timeout)):
         if value <= 0:
             p.error(f"{flag} must be > 0; got {value}")
+    from grpo_course.infra.hardware import native_bf16
+    if a.trl_modes is None:
+        a.trl_modes = ",".join(TRL_MODES) if native_bf16() else "fp32"
     modes = [m.strip() for m in a.trl_modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in TRL_MODES]
     if bad or not modes:
@@ -293,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     out = Path(a.out)
     previous = json.loads(out.read_text()) if out.is_file() else {}
+    if not same_machine(previous.get("measured", {}), result["measured"]):
+        previous = {}    # keep no part of a run on another kind of machine beside this one
     write_json_atomic(out, {**previous, **result}, indent=2)
     print(json.dumps(result))
     return 0

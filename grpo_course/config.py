@@ -24,6 +24,7 @@ PROFILE_ENV = "GRPO_COURSE_PROFILE"
 PROFILE_NAMES = ("smoke", "full", "binder")
 DEFAULT_MODEL = "smollm2-135m-instruct"
 SAMPLING_DTYPES = ("auto", "float32", "bfloat16")   # GRPOConfig.sampling_dtype (see sampling)
+WHOLE = "whole"          # GRPOConfig.start_mix: the whole problem (no gold line given)
 PROMPT_ORDERS = ("random", "easy_first", "sequential")   # GRPOConfig.prompt_order
 PROMPT_POOLS = ("all", "mixed")                          # GRPOConfig.prompt_pool
 
@@ -100,6 +101,13 @@ class GRPOConfig:
                 "solution's work lines but the last K, and the model writes those K lines and "
                 "the '#### N' line; a problem with K or fewer lines starts whole; none: whole "
                 "problems."})
+    start_mix: tuple[str, ...] = field(default=(), metadata={
+        "help": "R3's mix of starts (arXiv 2402.05808): GRPO's prompts are every training "
+                "problem at each of these starts, shuffled into one order: 'whole' (no gold line "
+                "given) or K (the gold work lines but the last K given), e.g. whole 1 2 3; a start "
+                "a problem has not (too few lines, or the same text as another) is left out. "
+                "Empty: every prompt at lines_left's start. max_completion_length must leave "
+                "room for the longest start (whole problems)."})
     prompt_pool: str = field(default="all", metadata={
         "help": "all | mixed: a balanced prompt pool (arXiv 2504.03380). Once, at the run's start, "
                 "the warm start samples pool_samples answers to each of the first pool_prompts "
@@ -193,6 +201,16 @@ class GRPOConfig:
             raise ConfigError(f"train_micro_batch must be >= 1 (or none); got {self.train_micro_batch}")
         if self.lines_left is not None and self.lines_left < 1:
             raise ConfigError(f"lines_left must be >= 1 (or none: whole problems); got {self.lines_left}")
+        if self.start_mix:
+            bad = [s for s in self.start_mix if s != WHOLE and not (s.isdigit() and int(s) >= 1)]
+            if bad:
+                raise ConfigError(f"start_mix entries must be '{WHOLE}' or a whole number of lines "
+                                  f"left >= 1; got {bad[0]!r}")
+            if len(set(self.start_mix)) < len(self.start_mix):
+                raise ConfigError(f"start_mix names a start twice: {' '.join(self.start_mix)}")
+            if self.lines_left is not None:
+                raise ConfigError(f"start_mix ({' '.join(self.start_mix)}) and lines_left "
+                                  f"({self.lines_left}) both set the start: set one")
         if self.prompt_pool not in PROMPT_POOLS:
             raise ConfigError(f"prompt_pool must be one of {', '.join(PROMPT_POOLS)}; "
                               f"got {self.prompt_pool!r}")
@@ -204,6 +222,13 @@ class GRPOConfig:
                               f"and {self.snapshot_every}")
         if self.report_to not in ("none", "trackio"):
             raise ConfigError(f"report_to must be none or trackio; got {self.report_to!r}")
+
+    @property
+    def starts(self) -> list[int | None]:
+        """The starts GRPO trains at, as ``lines_left`` values (``None``: the whole problem)."""
+        if not self.start_mix:
+            return [self.lines_left]
+        return [None if s == WHOLE else int(s) for s in self.start_mix]
 
     @property
     def prompts_per_step(self) -> int:
@@ -253,8 +278,10 @@ def _coerce(kind: Any, value: Any) -> Any:
             return None
         return _coerce(next(a for a in get_args(kind) if a is not type(None)), value)
     if origin is tuple:
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return tuple(value)
+        # YAML reads "[whole, 1, 2]" with numbers: words and whole numbers are all names here
+        if isinstance(value, (list, tuple)) and all(
+                isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in value):
+            return tuple(str(v) for v in value)
         raise ValueError
     if origin is dict:
         value = json.loads(value) if isinstance(value, str) else value

@@ -142,7 +142,7 @@ class TrainingRun:
         if self.pool is None:
             ids = self.prompt_order[:cfg.pool_prompts]
             self.pool = screened_pool(self.model, self.tokenizer, cfg,
-                                      select_columns(self.dataset, ids), ids, progress)
+                                      select_columns(self.grpo_dataset, ids), ids, progress)
         self.use_pool(self.pool)
         return self.pool
 
@@ -152,7 +152,7 @@ class TrainingRun:
         if not pool["mixed"]:
             raise ConfigError(f"the mixed prompt pool is empty: the policy solved none of the "
                               f"{len(pool['ids'])} screened prompts sometimes; screen more "
-                              f"(pool_prompts) or start closer to the answer (lines_left)")
+                              f"(pool_prompts) or start closer to the answer (lines_left, start_mix)")
         self.pool, self.prompt_order = pool, list(pool["mixed"])
 
     def _log(self, row: dict[str, Any]) -> None:

@@ -256,6 +256,35 @@ def gold_starts(dataset, lines_left: int | None, strata: Iterable[str] | None = 
     return out.add_column("start", starts).add_column("lines_left", left)
 
 
+def mixed_starts(dataset, starts: list[int | None]):
+    """``dataset``'s problems, each at each of ``starts`` (``lines_left`` values, ``None`` for the
+    whole problem): R3's mix (arXiv 2402.05808), one row a (problem, start) pair, problem by
+    problem, with :func:`gold_starts`' ``start`` and ``lines_left`` columns and a ``problem``
+    column (the row of ``dataset``). A start a problem has not (more lines left than it has) is
+    left out, and so is a start whose text another of its starts has (a problem of K lines at K
+    lines left is its whole problem)."""
+    if not hasattr(dataset, "select"):          # a list of rows
+        from datasets import Dataset
+        dataset = Dataset.from_list(list(dataset))
+    keep, texts, left, problem = [], [], [], []
+    for i, row in enumerate(dataset):
+        seen = set()
+        for k in starts:
+            start = gold_start(row["solution"], k)
+            if start is None or start in seen:
+                continue
+            seen.add(start)
+            keep.append(i)
+            texts.append(start)
+            left.append(len(work_lines(row["solution"])) if start == "" else k)
+            problem.append(i)
+    out = dataset.select(keep)
+    for name in ("start", "lines_left", "problem"):
+        if name in out.column_names:
+            out = out.remove_columns(name)
+    return out.add_column("start", texts).add_column("lines_left", left).add_column("problem", problem)
+
+
 def start_prompt(row: dict[str, Any], tokenizer, system_prompt: str = SYSTEM_PROMPT) -> str:
     """The prompt text of one row: its chat prompt, then its ``start`` (if it has one), so
     the model continues the answer from there."""

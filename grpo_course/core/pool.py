@@ -85,8 +85,9 @@ def screen_prompts(model, tokenizer, rows: dict[str, list], samples: int, max_ne
                    progress: bool = True) -> list[int]:
     """How many of ``samples`` sampled answers to each prompt of ``rows`` (columns) are right,
     each prompt at the trainer's start (its gold start of ``lines_left``; a problem with that
-    many lines or fewer starts whole)."""
-    starts = [gold_start(s, lines_left) or "" for s in rows["solution"]]
+    many lines or fewer starts whole), or at the rows' own ``start`` where they have one
+    (``start_mix``)."""
+    starts = rows.get("start") or [gold_start(s, lines_left) or "" for s in rows["solution"]]
     problems = [{"question": q, "answer": a, "start": s}
                 for q, a, s in zip(rows["question"], rows["answer"], starts, strict=True)]
     return correct_counts(model, tokenizer, problems, samples, max_new_tokens, temperature,
@@ -103,9 +104,12 @@ def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int
     samples = config.pool_samples or config.num_generations
     batch_prompts = max(1, config.prompts_per_round)
     problems = [{"question": q, "answer": a} for q, a in zip(rows["question"], rows["answer"], strict=True)]
+    if "start" in rows:                 # start_mix: a prompt is a (problem, start) pair
+        problems = [{**p, "start": s} for p, s in zip(problems, rows["start"], strict=True)]
     key = {"weights": weights_fingerprint(model), "model": config.model, "data": data_hash(problems),
            "ids": ids, "samples": samples, "max_new_tokens": config.max_completion_length,
-           "lines_left": config.lines_left, "temperature": config.temperature,
+           "lines_left": config.lines_left, "start_mix": list(config.start_mix),
+           "temperature": config.temperature,
            "seed": config.seed, "batch_prompts": batch_prompts,
            "dtype": str(resolve_sampling_dtype(config.sampling_dtype) or "float32"),
            "code": code_fingerprint("grpo_course.core.pool")}

@@ -30,7 +30,7 @@ import torch
 from grpo_course.config import ConfigError, GRPOConfig
 from grpo_course.core.checkpoints import TrainingRun
 from grpo_course.core.cli import CHECKPOINT, parse_train_args, run_folder
-from grpo_course.core.data import load_gsm8k, prompt_order, select_columns, start_prompts
+from grpo_course.core.data import load_gsm8k, mixed_starts, prompt_order, select_columns, start_prompts
 from grpo_course.core.grpo import (
     dropped_groups_scale,
     group_advantages,
@@ -90,7 +90,13 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                                            weight_decay=config.weight_decay)
         self.order = torch.randperm(len(train_dataset),
                                     generator=torch.Generator().manual_seed(config.seed)).tolist()
-        self.prompt_order = prompt_order(train_dataset, self.order, config.prompt_order)
+        # GRPO's prompts: the problems (at lines_left's start), or with start_mix every (problem,
+        # start) pair, shuffled into one order; the warm-up draws problems from self.order either way
+        self.grpo_dataset = mixed_starts(train_dataset, config.starts) if config.start_mix \
+            else train_dataset
+        grpo_order = self.order if not config.start_mix else torch.randperm(
+            len(self.grpo_dataset), generator=torch.Generator().manual_seed(config.seed)).tolist()
+        self.prompt_order = prompt_order(self.grpo_dataset, grpo_order, config.prompt_order)
         self.global_step = 0        # GRPO steps done
         self.sft_done = 0           # SFT steps done
         self.prompts_used = 0       # GRPO prompts drawn so far (dynamic sampling draws extra)
@@ -107,14 +113,14 @@ class CourseTrainer(SFTWarmup, TrainingRun):
     def _rows(self, index: int, size: int) -> dict[str, list]:
         """Rows ``index * size`` .. of GRPO's prompt order (block ``index`` of ``size``)."""
         order = self.prompt_order
-        return select_columns(self.dataset, [order[(index * size + i) % len(order)] for i in range(size)])
+        return select_columns(self.grpo_dataset, [order[(index * size + i) % len(order)] for i in range(size)])
 
     def _next_rows(self, size: int) -> dict[str, list]:
         """The next ``size`` prompts of GRPO's order (the cursor is saved in checkpoints)."""
         order = self.prompt_order
         ids = [order[(self.prompts_used + i) % len(order)] for i in range(size)]
         self.prompts_used += size
-        return select_columns(self.dataset, ids)
+        return select_columns(self.grpo_dataset, ids)
 
     # ------------------------------------------------------------ GRPO
     def _score(self, batch, rows: dict[str, list]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -129,7 +135,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         return self.config.seed * 1_000_003 + self.global_step * 101 + round_
 
     def prompts(self, rows: dict[str, list]) -> list[str]:
-        """The prompt texts of ``rows``, at their ``start`` or ``config.lines_left``'s gold start
+        """The prompt texts of ``rows``, at their ``start`` (``start_mix``) or ``config.lines_left``'s gold start
         (:func:`grpo_course.core.data.start_prompts`)."""
         return start_prompts(rows, self.tokenizer, lines_left=self.config.lines_left)
 
