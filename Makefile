@@ -21,7 +21,7 @@ NBMAKE_TIMEOUT ?= 1800
 # A kernel started with MPLBACKEND=Agg shows no figures (plt.show() draws nothing into the page).
 unexport MPLBACKEND
 
-.PHONY: help install model static lint quick unit nbmake-smoke browser book-smoke check-install test check-steps book book-check publish assignments bench reference-run clean
+.PHONY: help install model static lint quick unit nbmake-smoke browser book-smoke check-install test check-steps book book-check publish assignments bench reference-run curriculum-run clean
 
 help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
@@ -32,6 +32,7 @@ help:
 	@echo "make book-check - chapters 2 and 3 on the full profile from an empty cache (the warm start trained anew)"
 	@echo "make publish - after make book: the Colab edition (_build/colab) and _build/html for GitHub Pages"
 	@echo "make reference-run - the reference GRPO run (hours, resumable) -> data/runs/reference/"
+	@echo "make curriculum-run - the curriculum run toward whole problems (hours, resumable) -> data/runs/curriculum/"
 	@echo "make assignments - student versions of the seven chapters (no solutions, graded checks) in _build/assignments/"
 	@echo "make bench  - the sampler vs generate and llama.cpp -> data/sampler.json;"
 	@echo "              throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json;"
@@ -197,7 +198,15 @@ bench: model
 # in $$GRPO_COURSE_CACHE/runs/reference, resumes where it stopped when run again, and exports the
 # finished run to data/runs/reference/ (bf16 adapters, config, metrics, machine, hours, commit).
 reference-run: model
-	$(BIN)/python bench/reference_run.py
+	$(BIN)/python bench/shipped_run.py
+
+# The curriculum run (recipes/curriculum_run.yaml: R3's mix of starts, the whole problem included)
+# from the reference run's warm start, the same way: $$GRPO_COURSE_CACHE/runs/curriculum, resumable,
+# exported to data/runs/curriculum/. Its tests on whole problems were fixed before it trained:
+# python bench/curriculum_test.py -> data/curriculum_test.json
+curriculum-run: model
+	$(BIN)/python bench/shipped_run.py --recipe recipes/curriculum_run.yaml \
+	  --warm_start data/runs/reference/sft
 
 clean:
 	rm -rf _build $(SMOKE_SRC) $(CHECK_SRC) $(QUICK_SRC)

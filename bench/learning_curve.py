@@ -3,11 +3,13 @@
     python bench/learning_curve.py                      # the reference run (make reference-run)
     python bench/learning_curve.py --run DIR --steps 0,20,40 --val_n 128
     python bench/learning_curve.py --run A --run B --steps 0,20,40,60   # e.g. two learning rates
+    python bench/learning_curve.py --run REF --run MIX --whole_n 512      # e.g. two mixes of starts
 
 A run trained with ``snapshot_every`` keeps its adapter every few steps (``DIR/steps/<step>``,
 ``DIR/sft`` at step 0). Each chosen step's adapter samples ``--samples`` answers (temperature 1)
 to each of ``--val_n`` **validation** problems: GSM8K *train* rows ``0 .. val_n - 1`` at the run's
-start, which the run never trains on (its ``train_offset`` must lie past them; the warm-up and
+start (one line left for a run that mixes starts), and answers greedily the first ``--whole_n`` of
+those rows as whole problems, which is where GSM8K is judged. The run never trains on them (its ``train_offset`` must lie past them; the warm-up and
 the pool draw from rows after it) and which are not the test slices, so choosing the steps,
 the pool and the learning rate here leaves the held-out tests honest. For each step it records
 pass@1 with its 95 % interval, pass@K, the format rate, and the paired difference of pass@1
@@ -17,9 +19,10 @@ that were mixed (without the pool) beside the share of sampled groups that were 
 With more than one ``--run`` (the same recipe and warm start at other learning rates), each run
 is tested at the steps it kept, on the same problems with the same seed, so that its points pair
 with another run's by problem (``right``), and ``best`` names the run and step with the highest
-mean pass@1 on validation: where the learning rate and the steps are chosen. Runs compared so
+mean pass@1 on validation, ``best_whole`` the one with the highest greedy accuracy on whole
+problems: where the learning rate, the mix of starts and the steps are chosen. Runs compared so
 must share every config field but those in :data:`MAY_DIFFER`, and the warm start's bytes; one
-run a learning rate. Prints one JSON line and writes ``data/learning_curve.json``. Each step's
+run a learning rate and start. Prints one JSON line and writes ``data/learning_curve.json``. Each step's
 samples are kept in the cache (``$GRPO_COURSE_CACHE/validation/``, keyed by the adapter's bytes,
 the rows, the sampling and the code of :mod:`grpo_course.measure.evaluate` with all it imports),
 so a bench stopped part way resumes at the first step it has not tested, as long as that code is
@@ -38,21 +41,22 @@ from grpo_course.config import START_BUDGETS, ConfigError
 from grpo_course.core.checkpoints import SNAPSHOTS
 from grpo_course.core.loading import quiet_loading
 from grpo_course.core.runs import load_run_config
-from grpo_course.core.sampling import resolve_sampling_dtype
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.errors import OneLineArgumentParser, report
-from grpo_course.infra.fingerprint import code_fingerprint, data_hash, file_hash
+from grpo_course.infra.fingerprint import file_hash
 from grpo_course.infra.hardware import bench_facts
-from grpo_course.infra.paths import cache_dir, keyed_cache_file, read_cached
-from grpo_course.measure.evaluate import SampledResult, compare_sampled, evaluate_sampled, held_out_rows
+from grpo_course.infra.paths import cache_dir
+from grpo_course.measure.attribution import paired_mcnemar
+from grpo_course.measure.evaluate import SampledResult, compare_sampled, held_out_rows
 from grpo_course.measure.reference import training_rates
+from grpo_course.measure.whole_problems import budget as budget_whole
+from grpo_course.measure.whole_problems import cached_samples, greedy
 
 SEED = 20250   # the validation samples' seed: the same for every step, so the steps are paired
-BATCH_PROMPTS = 4   # problems sampled together (a block's seed is SEED + its first row)
 #: the only config fields in which runs compared on one curve may differ (they share the rest and
 #: the warm start): the learning rate, the steps, and how often a run logs and keeps its state
 MAY_DIFFER = ("learning_rate", "max_steps", "log_every", "save_every", "snapshot_every",
-              "report_to", "profile")
+              "report_to", "profile", "lines_left", "start_mix", "max_completion_length")
 
 
 def snapshot(run: Path, step: int) -> Path:
@@ -65,34 +69,10 @@ def snapshot(run: Path, step: int) -> Path:
     return folder
 
 
-def adapter_settings(folder: Path) -> dict:
-    """The adapter's ``adapter_config.json`` with its target modules sorted: PEFT writes them in a
-    set's order, which differs between processes, so two copies of one adapter may differ in that
-    order alone."""
-    config = json.loads((folder / "adapter_config.json").read_text())
-    if isinstance(config.get("target_modules"), list):
-        config["target_modules"] = sorted(config["target_modules"])
-    return config
-
-
 def validation_samples(folder: Path, rows, samples: int, budget: int) -> SampledResult:
     """The adapter in ``folder`` sampled on the validation ``rows`` (``samples`` answers each at
-    temperature 1, seed :data:`SEED`): read from the cache when the same adapter sampled the same
-    rows with the same code before, else sampled and stored there (atomically)."""
-    key = {"adapter": file_hash(folder / "adapter_model.safetensors"),
-           "adapter_config": adapter_settings(folder), "rows": data_hash(rows),
-           "start": [r.get("start") for r in rows], "samples": samples, "max_new_tokens": budget,
-           "temperature": 1.0, "seed": SEED, "batch_prompts": BATCH_PROMPTS,
-           "dtype": str(resolve_sampling_dtype("auto") or "float32"),     # bf16 where native
-           "code": code_fingerprint("grpo_course.measure.evaluate")}
-    path = keyed_cache_file("validation", key)
-    stored = read_cached(path, lambda s: s["key"] == key and isinstance(s["records"], list))
-    if stored is not None:
-        return SampledResult(samples, stored["records"], stored["seconds"], str(folder))
-    result = evaluate_sampled(str(folder), rows, samples, budget, temperature=1.0, seed=SEED,
-                              batch_prompts=BATCH_PROMPTS, sampling_dtype="auto")
-    write_json_atomic(path, {"key": key, "records": result.records, "seconds": result.seconds})
-    return result
+    temperature 1, seed :data:`SEED`), cached (:func:`~grpo_course.measure.whole_problems.cached_samples`)."""
+    return cached_samples(folder, rows, samples, budget, SEED, kind="validation")
 
 
 def kept_steps(run: Path, steps: list[int]) -> dict[int, Path]:
@@ -108,7 +88,7 @@ def kept_steps(run: Path, steps: list[int]) -> dict[int, Path]:
     return folders
 
 
-RECIPE_KEYS = ("learning_rate", "max_steps", "lines_left", "prompt_pool", "pool_prompts", "num_generations",
+RECIPE_KEYS = ("learning_rate", "max_steps", "lines_left", "start_mix", "prompt_pool", "pool_prompts", "num_generations",
                "per_step_completions", "generation_batch_size", "train_offset")
 
 
@@ -124,10 +104,20 @@ def run_config(run: Path, val_n: int) -> dict:
     return config
 
 
-def curve_points(results: dict[int, SampledResult], samples: int) -> list[dict]:
+def whole_point(result, first) -> dict:
+    """A step's greedy answers to whole validation problems: accuracy (95 % interval), format,
+    which were right (for pairing), and McNemar's test against step 0's (``first``)."""
+    point = {"n": result.n, "accuracy": result.accuracy, "ci95": list(result.accuracy_ci95),
+             "format_rate": result.format_rate, "correct": [int(r["correct"]) for r in result.records]}
+    if first is not result:
+        point["vs_step_0"] = paired_mcnemar(first, result, "correct")
+    return point
+
+
+def curve_points(results: dict[int, SampledResult], samples: int, whole: dict | None = None) -> list[dict]:
     """One point a tested step: pass@1 (95 % interval), pass@K, the format rate, the right answers
     per problem (for pairing with another run's at the same step) and the paired change from
-    step 0."""
+    step 0; with ``whole`` (greedy results by step) the step's accuracy on whole problems."""
     points = []
     for step, result in sorted(results.items()):
         summary = result.summary()
@@ -137,6 +127,8 @@ def curve_points(results: dict[int, SampledResult], samples: int) -> list[dict]:
                  "right": summary["right"]}
         if step:
             point["vs_step_0"] = compare_sampled(results[0], result)
+        if whole:
+            point["whole_greedy"] = whole_point(whole[step], whole[0])
         points.append(point)
     return points
 
@@ -151,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="GRPO steps to test, comma-separated (0: the warm start)")
     parser.add_argument("--val_n", type=int, default=256, help="validation problems (train rows)")
     parser.add_argument("--samples", type=int, default=8, help="samples per problem")
+    parser.add_argument("--whole_n", type=int, default=0,
+                        help="validation rows also answered greedily as whole problems (0: none)")
     parser.add_argument("--out", default=str(ROOT / "data" / "learning_curve.json"))
     args = parser.parse_args(argv)
     runs = [Path(r) for r in args.run] if args.run else [cache_dir() / "runs" / "reference"]
@@ -161,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.val_n < 2 or args.samples < 1 or steps[0] < 0:
         parser.error(f"--val_n must be >= 2, --samples >= 1 and --steps >= 0; got {args.val_n}, "
                      f"{args.samples} and {args.steps}")
+    if not 0 <= args.whole_n <= args.val_n:
+        parser.error(f"--whole_n must be between 0 and --val_n ({args.val_n}); got {args.whole_n}")
     try:
         configs = [run_config(run, args.val_n) for run in runs]
         for run, config in zip(runs[1:], configs[1:], strict=True):
@@ -174,24 +170,29 @@ def main(argv: list[str] | None = None) -> int:
                     file_hash(snapshot(runs[0], 0) / "adapter_model.safetensors"):
                 raise ConfigError(f"--run {run}: its warm start (sft/) is not {runs[0]}'s; "
                                   f"compare runs from the same warm start")
-        lrs = [config.get("learning_rate") for config in configs]
-        for i, (run, rate) in enumerate(zip(runs, lrs, strict=True)):
-            if lrs.index(rate) < i:
-                raise ConfigError(f"--run {run}: it trains at {runs[lrs.index(rate)]}'s learning "
-                                  f"rate ({rate}); give one run a learning rate")
+        arms = [(c.get("learning_rate"), c.get("lines_left"), tuple(c.get("start_mix") or ()))
+                for c in configs]
+        for i, (run, arm) in enumerate(zip(runs, arms, strict=True)):
+            if arms.index(arm) < i:
+                raise ConfigError(f"--run {run}: it trains at {runs[arms.index(arm)]}'s learning "
+                                  f"rate and start ({arm[0]}); give one run a learning rate and start")
         folders = [kept_steps(run, steps) for run in runs]
-        lines_left = configs[0].get("lines_left")
+        # sampled at the runs' one start; at one line left where the first run mixes starts
+        lines_left = configs[0].get("lines_left") or (1 if configs[0].get("start_mix") else None)
         budget = START_BUDGETS.get(lines_left, configs[0]["max_completion_length"])
         quiet_loading()
         rows = held_out_rows("train", args.val_n, 0, lines_left=lines_left)
         results = [{s: validation_samples(f, rows, args.samples, budget) for s, f in run_folders.items()}
                    for run_folders in folders]
+        whole_rows = held_out_rows("train", args.whole_n, 0) if args.whole_n else None
+        wholes = [{s: greedy(f, whole_rows) for s, f in run_folders.items()} if whole_rows else None
+                  for run_folders in folders]
         rates = [training_rates(run) for run in runs]
     except (ValueError, RuntimeError, OSError) as exc:
         return report(exc)
     curves = [{"run": str(run), "recipe": {k: config.get(k) for k in RECIPE_KEYS},
-               "points": curve_points(result, args.samples), "training": rate}
-              for run, config, result, rate in zip(runs, configs, results, rates, strict=True)]
+               "points": curve_points(result, args.samples, whole), "training": rate}
+              for run, config, result, whole, rate in zip(runs, configs, results, wholes, rates, strict=True)]
     best_curve, best = max(((c, p) for c in curves for p in c["points"]),
                            key=lambda cp: cp[1]["pass_at_1"]["mean"])
     out = {"bench": "learning_curve", **bench_facts(),
@@ -201,6 +202,14 @@ def main(argv: list[str] | None = None) -> int:
            "curves": curves,
            "best": {"run": best_curve["run"], "learning_rate": best_curve["recipe"]["learning_rate"],
                     "step": best["step"], "pass_at_1": best["pass_at_1"]["mean"]}}
+    if whole_rows:
+        out["validation"]["whole_greedy"] = {"split": "train", "rows": [0, args.whole_n],
+                                             "n": len(whole_rows), "max_new_tokens": budget_whole()}
+        whole_curve, whole_best = max(((c, p) for c in curves for p in c["points"]),
+                                      key=lambda cp: cp[1]["whole_greedy"]["accuracy"])
+        out["best_whole"] = {"run": whole_curve["run"], "recipe": whole_curve["recipe"],
+                             "step": whole_best["step"],
+                             "accuracy": whole_best["whole_greedy"]["accuracy"]}
     write_json_atomic(args.out, out, indent=1)
     print(json.dumps(out))
     return 0

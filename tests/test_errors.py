@@ -373,6 +373,8 @@ def test_quantize_corrupt_variant_description(tmp_path, capsys):
     ("sft_step", ["--steps", "0"], ["--steps", "0"]),
     ("sft_step", ["--steps", "two"], ["--steps", "'two'"]),
     ("sft_step", ["--out", "{tmp}"], ["--out", "{tmp}"]),
+    ("shipped_run", ["--recipe", "{tmp}/none_run.yaml"], ["--recipe", "none_run.yaml", "is not a file"]),
+    ("curriculum_test", ["--run", "{tmp}"], ["--run", "{tmp}", "not a finished run folder"]),
 ])
 def test_bench_bad_options(script, args, values, tmp_path, capsys):
     fill = lambda s: s.replace("{tmp}", str(tmp_path))
@@ -384,7 +386,7 @@ def test_bench_bad_options(script, args, values, tmp_path, capsys):
 
 @pytest.mark.parametrize("script,args,values", [
     ("learning_curve", ["--run", "{tmp}/nowhere"], ["--run", "{tmp}/nowhere", "not a run folder"]),
-    ("reference_run", ["--export-only", "--work", "{tmp}"], ["{tmp}", "holds no finished run"]),
+    ("shipped_run", ["--export-only", "--work", "{tmp}"], ["{tmp}", "holds no finished run"]),
 ])
 def test_bench_bad_run_folders(script, args, values, tmp_path, capsys):
     fill = lambda s: s.replace("{tmp}", str(tmp_path))

@@ -1,4 +1,4 @@
-"""The reference run's tests (the verdict fixed in advance) and its export (bench/reference_run.py)."""
+"""The reference run's tests (the verdict fixed in advance) and its export (bench/shipped_run.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -50,7 +50,7 @@ def _adapter(folder: Path) -> None:
 
 def test_a_finished_run_is_exported_in_bf16_with_its_machine_and_hours(tmp_path):
     from safetensors.torch import load_file
-    bench = _bench("reference_run")
+    bench = _bench("shipped_run")
     work, out = tmp_path / "work", tmp_path / "out"
     _adapter(work)
     _adapter(work / "sft")
@@ -69,6 +69,14 @@ def test_a_finished_run_is_exported_in_bf16_with_its_machine_and_hours(tmp_path)
         weights = load_file(folder / "adapter_model.safetensors")
         assert weights["a.lora_A.weight"].dtype == torch.bfloat16 and weights["step"].dtype == torch.int64
     assert (out / "pool.json").is_file() and (out / "metrics.jsonl").is_file()
+    assert info["recipe"] == "recipes/reference_run.yaml" and info["reproduce"] == "make reference-run"
+    # another recipe names its run, its default folders and its make target
+    curriculum = bench.RECIPE.with_name("curriculum_run.yaml")
+    assert bench.run_name(curriculum) == "curriculum"
+    assert bench.main(["--export-only", "--recipe", str(curriculum), "--work", str(work),
+                       "--out", str(tmp_path / "cur")]) == 0
+    info = json.loads((tmp_path / "cur" / "run.json").read_text())
+    assert info["recipe"] == "recipes/curriculum_run.yaml" and info["reproduce"] == "make curriculum-run"
 
 
 def test_the_learning_curve_keeps_each_step_s_samples_and_resumes(tmp_path, monkeypatch):
@@ -79,12 +87,14 @@ def test_the_learning_curve_keeps_each_step_s_samples_and_resumes(tmp_path, monk
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
     calls = []
 
-    def sampled(model, rows, samples, budget, temperature, seed, batch_prompts, sampling_dtype):
+    def sampled(model, rows, samples, budget, temperature, seed, batch_prompts, sampling_dtype,
+                progress=True):
         calls.append(model)
         records = [{"idx": r["idx"], "right": len(calls), "formatted": samples} for r in rows]
         return SampledResult(samples, records, 1.5, model)
 
-    monkeypatch.setattr(bench, "evaluate_sampled", sampled)
+    from grpo_course.measure import whole_problems
+    monkeypatch.setattr(whole_problems, "evaluate_sampled", sampled)   # the cache the benches share
     a, b = tmp_path / "a", tmp_path / "b"
     _adapter(a)
     _adapter(b)
@@ -137,11 +147,13 @@ def test_the_learning_curve_compares_runs_on_the_same_rows_and_names_the_best(tm
     right = {str(a / "sft"): 1, str(a / "steps" / "20"): 3, str(b / "sft"): 1, str(b / "steps" / "20"): 2,
              str(a / "steps" / "40"): 3}
 
-    def sampled(model, rows, samples, budget, temperature, seed, batch_prompts, sampling_dtype):
+    def sampled(model, rows, samples, budget, temperature, seed, batch_prompts, sampling_dtype,
+                progress=True):
         return SampledResult(samples, [{"idx": r["idx"], "right": right[model] if r["idx"] else 0,
                                         "formatted": samples} for r in rows], 1.0, model)
 
-    monkeypatch.setattr(bench, "evaluate_sampled", sampled)
+    from grpo_course.measure import whole_problems
+    monkeypatch.setattr(whole_problems, "evaluate_sampled", sampled)   # the cache the benches share
     monkeypatch.setattr(bench, "held_out_rows", lambda split, n, offset, lines_left: [
         {"idx": i, "question": f"q{i}", "answer": "#### 1", "start": "s"} for i in range(n)])
     out_file = tmp_path / "curve.json"
@@ -154,13 +166,14 @@ def test_the_learning_curve_compares_runs_on_the_same_rows_and_names_the_best(tm
     assert second["points"][1]["right"] == [0, 2, 2, 2]
     assert second["points"][1]["vs_step_0"]["up"] == 3 and first["training"]["steps"] == 20
     assert out["best"] == {"run": str(a), "learning_rate": 3e-4, "step": 20, "pass_at_1": 9 / 16}
-    # runs that differ in more than the learning rate and the steps are not compared, nor two at one rate
-    _curve_run(tmp_path / "c", 1e-4, sft=a / "sft", lines_left=2)
+    # runs that differ in more than the learning rate, the start and the steps are not compared,
+    # nor two at one rate and start
+    _curve_run(tmp_path / "c", 1e-4, sft=a / "sft", num_generations=2)
     _curve_run(tmp_path / "d", 1e-4)
     _curve_run(tmp_path / "e", 1e-4, sft=a / "sft", reward_weights={"correctness": 1.0})
     _curve_run(tmp_path / "f", 3e-4, sft=a / "sft", max_steps=120, save_every=10)
     capsys.readouterr()
-    for other, says in (("c", "differs from a's in lines_left;"), ("d", "warm start"),
+    for other, says in (("c", "differs from a's in num_generations;"), ("d", "warm start"),
                         ("e", "in reward_weights;"), ("f", "it trains at a's learning rate")):
         assert bench.main(["--run", str(a), "--run", str(tmp_path / other), "--val_n", "4", "--steps", "20",
                            "--out", str(out_file)]) == 2
@@ -174,6 +187,48 @@ def test_the_learning_curve_compares_runs_on_the_same_rows_and_names_the_best(tm
     out = json.loads(out_file.read_text())
     assert [[p["step"] for p in c["points"]] for c in out["curves"]] == [[0, 20, 40], [0, 20]]
     assert f"{b}: no adapter at step 40; tested at 0, 20" in capsys.readouterr().err
+
+
+def test_the_learning_curve_answers_whole_problems_and_names_the_best_mix(tmp_path, monkeypatch):
+    """A run at one line left beside one that mixes starts: both sampled at one line left, both
+    answering the same whole problems greedily, McNemar against step 0, and the best on whole
+    problems named with its recipe."""
+    from grpo_course.measure import whole_problems
+    from grpo_course.measure.evaluate import EvalResult, SampledResult
+    bench = _bench("learning_curve")
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    a, m = tmp_path / "a", tmp_path / "m"
+    _curve_run(a, 3e-4)
+    _curve_run(m, 3e-4, sft=a / "sft", lines_left=None, start_mix=("whole", "1"),
+               max_completion_length=200)
+    solved = {str(a / "sft"): [1, 0, 0, 0], str(a / "steps" / "20"): [1, 1, 0, 0],
+              str(m / "sft"): [1, 0, 0, 0], str(m / "steps" / "20"): [1, 1, 1, 1]}
+    starts = []
+
+    def sampled(model, rows, samples, budget, temperature, seed, batch_prompts, sampling_dtype,
+                progress=True):
+        starts.append((budget, rows[0]["start"]))
+        return SampledResult(samples, [{"idx": r["idx"], "right": 1, "formatted": samples}
+                                       for r in rows], 1.0, model)
+
+    monkeypatch.setattr(whole_problems, "evaluate_sampled", sampled)
+    monkeypatch.setattr(bench, "held_out_rows", lambda split, n, offset, lines_left=None: [
+        {"idx": i, "question": f"q{i}", "answer": "#### 1", "start": f"left {lines_left}"}
+        for i in range(n)])
+    monkeypatch.setattr(bench, "greedy", lambda folder, rows: EvalResult.from_records(
+        [{"idx": r["idx"], "correct": c, "formatted": True}
+         for r, c in zip(rows, solved[str(folder)], strict=True)]))
+    out_file = tmp_path / "curve.json"
+    assert bench.main(["--run", str(a), "--run", str(m), "--steps", "20", "--val_n", "4",
+                       "--whole_n", "4", "--samples", "2", "--out", str(out_file)]) == 0
+    out = json.loads(out_file.read_text())
+    assert set(starts) == {(64, "left 1")}             # the mix sampled at one line left too
+    mixed = out["curves"][1]["points"][1]["whole_greedy"]
+    assert mixed["accuracy"] == 1.0 and mixed["correct"] == [1, 1, 1, 1] and mixed["vs_step_0"]["b_only"] == 3
+    assert out["best_whole"]["run"] == str(m) and out["best_whole"]["step"] == 20
+    assert out["best_whole"]["recipe"]["start_mix"] == ["whole", "1"]
+    assert out["validation"]["whole_greedy"] == {"split": "train", "rows": [0, 4], "n": 4,
+                                                 "max_new_tokens": 200}
 
 
 @pytest.mark.slow

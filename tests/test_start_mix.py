@@ -104,3 +104,24 @@ def test_the_command_line_takes_a_mix(tmp_path):
     _, cfg, _ = parse_train_args(["--out", str(tmp_path / "run"), "--profile", "smoke",
                                   "--start_mix", "whole", "1", "2"])
     assert cfg.start_mix == ("whole", "1", "2") and cfg.lines_left is None
+
+
+def test_grpo_starts_from_a_runs_warm_start_folder(tmp_path):
+    """``--warm_start DIR`` (the curriculum run starts from the reference run's sft/): the
+    adapter's weights, its warm-up counted done; another LoRA shape is a clear error."""
+    import torch
+
+    from tests.helpers import tiny_trainer
+    trained = tiny_trainer(max_steps=1)
+    trained.train()
+    trained.save_model(tmp_path / "sft")
+    fresh = tiny_trainer(sft_steps=3).start_from(tmp_path / "sft")
+    mine = {n: p for n, p in fresh.model.named_parameters() if p.requires_grad}
+    for name, p in trained.model.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(mine[name], p)
+    assert fresh.sft_done == 3
+    with pytest.raises(ConfigError, match="not an adapter of this run's LoRA shape"):
+        tiny_trainer(lora_r=2, lora_alpha=4).start_from(tmp_path / "sft")
+    with pytest.raises(ConfigError, match="holds no adapter"):
+        tiny_trainer().start_from(tmp_path)

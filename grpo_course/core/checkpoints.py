@@ -34,8 +34,29 @@ POOL_FILE, SNAPSHOTS = "pool.json", "steps"
 
 
 def load_adapter_state(model, folder) -> None:
-    """Set ``model``'s trainable (LoRA) weights to those saved in the warm start ``folder``."""
-    set_adapter_state(model, torch.load(Path(folder) / STATE_FILE, weights_only=True))
+    """Set ``model``'s trainable (LoRA) weights to those saved in the warm start ``folder``: a
+    cached warm start (``trainable.pt``) or an adapter folder as PEFT saves it (a run's ``sft/``);
+    a :class:`ConfigError` when the folder holds neither or another shape of adapter."""
+    folder = Path(folder)
+    if (folder / STATE_FILE).is_file():
+        set_adapter_state(model, torch.load(folder / STATE_FILE, weights_only=True))
+        return
+    adapter = folder / "adapter_model.safetensors"
+    if not adapter.is_file():
+        raise ConfigError(f"warm start {str(folder)!r} holds no adapter ({STATE_FILE} or "
+                          f"adapter_model.safetensors)")
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+    try:
+        loaded = set_peft_model_state_dict(model, load_file(adapter))
+    except RuntimeError as exc:          # torch's size mismatch: another rank
+        raise ConfigError(f"warm start {str(folder)!r} is not an adapter of this run's LoRA shape "
+                          f"({' '.join(str(exc).split())[:160]})") from None
+    missing = [k for k in loaded.missing_keys if "lora_" in k]
+    if loaded.unexpected_keys or missing:
+        raise ConfigError(f"warm start {str(folder)!r} is not an adapter of this run's LoRA shape "
+                          f"({len(missing)} of its weights missing, {len(loaded.unexpected_keys)} "
+                          f"unexpected): give its lora_r and lora_target_modules")
 
 
 class TrainingRun:

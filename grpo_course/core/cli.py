@@ -56,6 +56,9 @@ class TrainArguments(RunArguments):
     resume: bool = field(default=False, metadata={
         "help": "Continue OUT/checkpoint with the config saved there; --config and flags "
                 "override it (--max_steps 40 trains on to step 40)."})
+    warm_start: str | None = field(default=None, metadata={
+        "help": "An adapter folder to start GRPO from, its warm-up counted done (e.g. "
+                "data/runs/reference/sft, the reference run's warm start); saved as OUT/sft."})
 
 
 def _value_type(name: str):

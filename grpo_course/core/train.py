@@ -386,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             trim_metrics(out, 0, 0)
             trainer = CourseTrainer(model, tokenizer, config, dataset, out_dir=out,
                                     profile=profile)
+            if args.warm_start:
+                trainer.start_from(args.warm_start)
     except (ValueError, RuntimeError, OSError) as exc:   # ConfigError, DataError, ModelError
         return report(exc)
     try:

@@ -138,9 +138,10 @@ def training_rates(run: str | Path) -> dict[str, Any]:
 
 def recipe_curve(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[str, Any] | None:
     """Of the learning curve's runs (``data/learning_curve.json``), the one at ``recipe``'s learning
-    rate; ``None`` when there is none."""
+    rate and start (``lines_left``, ``start_mix``); ``None`` when there is none."""
     runs = curve["curves"] if curve else []
-    return next((c for c in runs if c["recipe"]["learning_rate"] == recipe.get("learning_rate")), None)
+    arm = lambda r: (r.get("learning_rate"), r.get("lines_left"), list(r.get("start_mix") or []))
+    return next((c for c in runs if arm(c["recipe"]) == arm(recipe)), None)
 
 
 def curve_table(curve: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,17 +1,19 @@
-"""The reference GRPO run: train ``recipes/reference_run.yaml`` on this machine, resumably, then
-ship its folder.
+"""A shipped GRPO run: train a recipe on this machine, resumably, then ship its folder.
 
-    python bench/reference_run.py                  # make reference-run: trains, then exports
-    python bench/reference_run.py --export-only    # export a finished run again
+    python bench/shipped_run.py                    # make reference-run: recipes/reference_run.yaml
+    python bench/shipped_run.py --recipe recipes/curriculum_run.yaml \
+        --warm_start data/runs/reference/sft       # make curriculum-run
+    python bench/shipped_run.py --export-only      # export a finished run again
 
-The run trains with the train CLI (``python -m grpo_course.core.train --resume``) in a work folder
-outside the checkout (``$GRPO_COURSE_CACHE/runs/reference``): stopped at any point (Ctrl-C, a
-closed laptop), the same command continues from its last checkpoint and ends where an
-uninterrupted run would. When the run has all its steps, its folder is exported to
-``data/runs/reference/`` in the train CLI's layout: the final adapter at the top and the warm
-start it began from in ``sft/`` (both with bf16 weights), ``config.yaml``, ``metrics.jsonl``,
-``pool.json`` (the screened prompts), and ``run.json``: the machine, the hours of training and
-the commit that trained it. Prints one JSON line.
+A recipe ``recipes/<name>_run.yaml`` trains with the train CLI (``python -m grpo_course.core.train
+--resume``; words this script does not know, such as ``--warm_start``, go to it) in a work folder
+outside the checkout (``$GRPO_COURSE_CACHE/runs/<name>``): stopped at any point (Ctrl-C, a closed
+laptop), the same command continues from its last checkpoint and ends where an uninterrupted run
+would. When the run has all its steps, its folder is exported to ``data/runs/<name>/`` in the
+train CLI's layout: the final adapter at the top and the warm start it began from in ``sft/``
+(both with bf16 weights), ``config.yaml``, ``metrics.jsonl``, ``pool.json`` (the screened
+prompts), and ``run.json``: the machine, the hours of training and the commit that trained it.
+Prints one JSON line.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from grpo_course.infra.errors import OneLineArgumentParser, report
 from grpo_course.infra.hardware import bench_facts
 from grpo_course.infra.paths import cache_dir
 
-RECIPE = RECIPES_DIR / "reference_run.yaml"
+RECIPE = RECIPES_DIR / "reference_run.yaml"     # the default: the reference run
 #: an adapter folder as load_model reads it (the tokenizer is the base model's)
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 STARTED = "started.json"          # in the work folder: the commit and time of the first start
@@ -65,7 +67,12 @@ def copy_adapter(src: Path, dst: Path) -> None:
               dst / "adapter_model.safetensors", metadata={"format": "pt"})
 
 
-def export(work: Path, out: Path) -> dict:
+def run_name(recipe: Path) -> str:
+    """The run's name: its recipe's, less ``_run`` (``reference_run.yaml`` -> ``reference``)."""
+    return recipe.stem.removesuffix("_run")
+
+
+def export(work: Path, out: Path, recipe: Path = RECIPE, reproduce: str = "make reference-run") -> dict:
     """Write the finished run in ``work`` to ``out`` (atomically, as one folder)."""
     config = (work / RUN_CONFIG_FILE).read_text()
     rows = read_metrics(work)
@@ -74,12 +81,12 @@ def export(work: Path, out: Path) -> dict:
         if (work / POOL_FILE).is_file() else {}
     started = json.loads((work / STARTED).read_text())
     seconds = sum(r.get("step_seconds", 0.0) for r in rows) + pool.get("seconds", 0.0)
-    info = {"recipe": "recipes/reference_run.yaml", "commit": started["commit"],
+    info = {"recipe": f"recipes/{recipe.name}", "commit": started["commit"],
             "exported_at_commit": commit(),     # a resumed run may have ended under a later one
             "started": started["time"], "grpo_steps": len(grpo),
             "sft_steps": sum(r.get("phase") == "sft" for r in rows),
             "hours": round(seconds / 3600, 3), "machine": bench_facts(),
-            "reproduce": "make reference-run"}
+            "reproduce": reproduce}
 
     def write(tmp: Path) -> None:
         copy_adapter(work, tmp)
@@ -94,30 +101,39 @@ def export(work: Path, out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineArgumentParser(prog="python bench/reference_run.py", description=__doc__)
+    parser = OneLineArgumentParser(prog="python bench/shipped_run.py", description=__doc__)
+    parser.add_argument("--recipe", default=str(RECIPE),
+                        help="the run's recipe, recipes/<name>_run.yaml (default: the reference run's)")
     parser.add_argument("--work", default=None,
-                        help="where the run trains (default $GRPO_COURSE_CACHE/runs/reference)")
-    parser.add_argument("--out", default=str(ROOT / "data" / "runs" / "reference"),
-                        help="where the finished run is exported")
+                        help="where the run trains (default $GRPO_COURSE_CACHE/runs/<name>)")
+    parser.add_argument("--out", default=None,
+                        help="where the finished run is exported (default data/runs/<name>)")
     parser.add_argument("--export-only", action="store_true", help="only export a finished run")
     args, extra = parser.parse_known_args(argv)     # more words go to the train CLI
-    work = Path(args.work) if args.work else cache_dir() / "runs" / "reference"
+    recipe = Path(args.recipe)
+    if not recipe.is_file():
+        parser.error(f"--recipe {args.recipe!r} is not a file (recipes/*_run.yaml)")
+    name = run_name(recipe)
+    work = Path(args.work) if args.work else cache_dir() / "runs" / name
+    out = Path(args.out) if args.out else ROOT / "data" / "runs" / name
+    reproduce = f"make {name}-run"
     try:
         if not args.export_only:
             if not (work / STARTED).is_file():
                 write_json_atomic(work / STARTED, {"commit": commit(),
                                                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
             from grpo_course.core.train import main as train
-            code = train(["--profile", "full", "--config", str(RECIPE), "--out", str(work),
+            code = train(["--profile", "full", "--config", str(recipe), "--out", str(work),
                           "--resume", *extra])
             if code:
                 return code
         if not (work / "adapter_model.safetensors").is_file():
-            raise ConfigError(f"{work} holds no finished run: run python bench/reference_run.py")
-        info = export(work, Path(args.out))
+            raise ConfigError(f"{work} holds no finished run: run python bench/shipped_run.py "
+                              f"--recipe {args.recipe}")
+        info = export(work, out, recipe, reproduce)
     except (ValueError, RuntimeError, OSError) as exc:
         return report(exc)
-    print(json.dumps({"out": args.out, **info}))
+    print(json.dumps({"out": str(out), **info}))
     return 0
 
 

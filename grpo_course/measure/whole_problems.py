@@ -1,0 +1,173 @@
+"""The curriculum run's tests on whole GSM8K problems, fixed before the run trained.
+
+A GSM8K problem is the whole problem, with no gold line given, and there the reference run (one
+line left) showed no gain. The curriculum run (``recipes/curriculum_run.yaml``, ``make
+curriculum-run``, ``data/runs/curriculum/``) is tested against the warm start it began from (its
+``sft/``, the reference run's) by two tests, both fixed here before it trained:
+
+* **(a) greedy**: accuracy on all 1,319 GSM8K test problems, whole, with McNemar's exact test;
+* **(b) sampled**: pass@1 with :data:`SAMPLES` samples a problem at temperature 1 on whole test
+  problems, rows 0-511, paired per problem.
+
+It passes where both rise with p < :data:`ALPHA` and the run's format rate is at least
+:data:`MIN_FORMAT` in both (:func:`whole_verdict`). Beside them, the bench reports the same tests
+for the reference run (does the mix beat training at one line left on whole problems?), pass@K
+and the entropy of the samples, what the greedy answers do (right equations per answer, answers
+earned by right arithmetic, against the chance baseline of :mod:`~grpo_course.measure.attribution`,
+so a format gain is not read as reasoning), and one line left (does the mix keep the reference
+run's gain?). Each model's samples and greedy answers are cached, so a bench stopped part way
+resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from grpo_course.config import START_BUDGETS
+from grpo_course.core.loading import load_model
+from grpo_course.core.sampling import resolve_sampling_dtype
+from grpo_course.infra.atomic import write_json_atomic
+from grpo_course.infra.fingerprint import code_fingerprint, data_hash, file_hash
+from grpo_course.infra.memory import free_memory
+from grpo_course.infra.paths import keyed_cache_file, project_root, read_cached
+from grpo_course.measure.attribution import chance_baseline, paired_mcnemar, phase_changes
+from grpo_course.measure.evaluate import (
+    SampledResult,
+    compare_sampled,
+    evaluate_model,
+    evaluate_sampled,
+    held_out_rows,
+)
+
+#: the committed runs (the train CLI's layout: the final adapter, and ``sft/``)
+CURRICULUM_RUN = project_root() / "data" / "runs" / "curriculum"
+REFERENCE_RUN = project_root() / "data" / "runs" / "reference"
+
+# ---- the tests, fixed before the curriculum run trained (never change them after a result)
+GREEDY_ROWS = (0, 1319)          # (a): every GSM8K test problem, whole
+SAMPLED_ROWS = (0, 512)          # (b): whole test problems, rows 0-511...
+SAMPLES, TEMPERATURE = 4, 1.0    # ...K = 4 samples each at T = 1
+SEED = 4321                      # the samples' seed: the same for every model
+WHOLE_BUDGET = 200               # new tokens a whole answer may take (the full profile's evaluation)
+ALPHA, MIN_FORMAT = 0.05, 0.95
+#: one line left: the reference run's first slice, samples and seed (grpo_course.measure.reference)
+ONE_LINE_ROWS, ONE_LINE_SAMPLES, ONE_LINE_SEED = (512, 768), 8, 1234
+BATCH_PROMPTS = 4                # problems sampled together (a block's seed is SEED + its first row)
+DESIGN = {"greedy": {"split": "test", "rows": list(GREEDY_ROWS), "start": "whole",
+                     "test": "McNemar's exact test, run vs its warm start"},
+          "sampled": {"split": "test", "rows": list(SAMPLED_ROWS), "start": "whole",
+                      "samples": SAMPLES, "temperature": TEMPERATURE, "seed": SEED,
+                      "test": "paired difference of pass@1 per problem, run vs its warm start"},
+          "max_new_tokens": WHOLE_BUDGET,
+          "passes_when": f"both rise with p < {ALPHA} and the run's format rate is >= "
+                         f"{MIN_FORMAT:.0%} in both",
+          "fixed_at": "before the curriculum run trained (grpo_course/measure/whole_problems.py)"}
+
+
+def budget(lines_left: int | None = None) -> int:
+    """New tokens an answer may take: :data:`WHOLE_BUDGET` for whole problems, or the
+    reverse-curriculum start's (``config.START_BUDGETS``)."""
+    return WHOLE_BUDGET if lines_left is None else START_BUDGETS[lines_left]
+
+
+def adapter_settings(folder: Path) -> dict:
+    """The adapter's ``adapter_config.json`` with its target modules sorted: PEFT writes them in a
+    set's order, which differs between processes, so two copies of one adapter may differ in that
+    order alone."""
+    config = json.loads((folder / "adapter_config.json").read_text())
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+    return config
+
+
+def cached_samples(folder: str | Path, rows, samples: int, max_new_tokens: int, seed: int,
+                   kind: str = "sampled_tests", progress: bool = True) -> SampledResult:
+    """The adapter in ``folder`` sampled on ``rows`` (``samples`` answers each at temperature 1,
+    ``seed``): read from the cache (``$GRPO_COURSE_CACHE/<kind>/``) when the same adapter sampled
+    the same rows with the same code before, else sampled and stored there (atomically)."""
+    folder = Path(folder)
+    key = {"adapter": file_hash(folder / "adapter_model.safetensors"),
+           "adapter_config": adapter_settings(folder),
+           "rows": data_hash(rows), "start": [r.get("start") for r in rows], "samples": samples,
+           "max_new_tokens": max_new_tokens, "temperature": TEMPERATURE, "seed": seed,
+           "batch_prompts": BATCH_PROMPTS,
+           "dtype": str(resolve_sampling_dtype("auto") or "float32"),     # bf16 where native
+           "code": code_fingerprint("grpo_course.measure.evaluate")}
+    path = keyed_cache_file(kind, key)
+    stored = read_cached(path, lambda s: s["key"] == key and isinstance(s["records"], list))
+    if stored is not None:
+        return SampledResult(samples, stored["records"], stored["seconds"], str(folder))
+    result = evaluate_sampled(str(folder), rows, samples, max_new_tokens, temperature=TEMPERATURE,
+                              seed=seed, batch_prompts=BATCH_PROMPTS, sampling_dtype="auto",
+                              progress=progress)
+    write_json_atomic(path, {"key": key, "records": result.records, "seconds": result.seconds})
+    return result
+
+
+def greedy(folder: str | Path, rows, lines_left: int | None = None, progress: bool = True):
+    """Greedy answers of the adapter in ``folder`` to ``rows`` (cached block by block)."""
+    model, tok = load_model(str(folder))
+    result = evaluate_model(model, tok, rows, max_new_tokens=budget(lines_left), name=str(folder),
+                            progress=progress, cache=True)
+    del model
+    free_memory()
+    return result
+
+
+def greedy_test(before, after, rows, progress: bool = True) -> dict[str, Any]:
+    """(a): both models' greedy accuracy on ``rows``, McNemar's test, and what the answers do."""
+    a, b = greedy(before, rows, progress=progress), greedy(after, rows, progress=progress)
+    return {"n": a.n, "before": a.accuracy, "after": b.accuracy,
+            "format_before": a.format_rate, "format_after": b.format_rate,
+            "mcnemar": paired_mcnemar(a, b, "correct"), "answers": phase_changes(a, b, rows)}
+
+
+def sampled_test(before, after, rows, samples: int, seed: int, lines_left: int | None = None,
+                 progress: bool = True) -> dict[str, Any]:
+    """(b): both models' sampled pass@1, pass@K and entropy on ``rows``, paired per problem."""
+    a = cached_samples(before, rows, samples, budget(lines_left), seed, progress=progress)
+    b = cached_samples(after, rows, samples, budget(lines_left), seed, progress=progress)
+    return {"before": a.summary(), "after": b.summary(), **compare_sampled(a, b)}
+
+
+def whole_verdict(greedy_result: dict[str, Any], sampled_result: dict[str, Any]) -> dict[str, Any]:
+    """Whether the fixed test passed: greedy accuracy (a) and sampled pass@1 (b) both rose with
+    p < :data:`ALPHA`, and the run's format rate is at least :data:`MIN_FORMAT` in both."""
+    m = greedy_result["mcnemar"]
+    d = sampled_result["pass_at_1"]
+    greedy_rose = greedy_result["after"] > greedy_result["before"] and m["p_value"] < ALPHA
+    sampled_rose = d["difference"] > 0 and d["p_value"] < ALPHA
+    formats = [greedy_result["format_after"], sampled_result["after"]["format_rate"]]
+    format_ok = all(f >= MIN_FORMAT for f in formats)
+    return {"passed": greedy_rose and sampled_rose and format_ok, "greedy_rose": greedy_rose,
+            "sampled_rose": sampled_rose, "format_ok": format_ok}
+
+
+def whole_problem_tests(run: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Tests (a) and (b) of ``run`` against its warm start (``run/sft``), and the verdict."""
+    run = Path(run)
+    before, after = run / "sft", run
+    lo, hi = GREEDY_ROWS
+    greedy_rows = held_out_rows("test", hi - lo, lo)
+    lo, hi = SAMPLED_ROWS
+    sampled_rows = held_out_rows("test", hi - lo, lo)
+    out = {"run": str(run),
+           "greedy": {"rows": list(GREEDY_ROWS), **greedy_test(before, after, greedy_rows, progress)},
+           "sampled": {"rows": list(SAMPLED_ROWS),
+                       **sampled_test(before, after, sampled_rows, SAMPLES, SEED, None, progress)}}
+    out["verdict"] = whole_verdict(out["greedy"], out["sampled"])
+    out["chance"] = chance_baseline(greedy_rows)
+    return out
+
+
+def one_line_left(run: str | Path, reference: str | Path, progress: bool = True) -> dict[str, Any]:
+    """One line left, on the reference run's first test slice with its samples and seed: the run
+    against its warm start, and against the reference run (does the mix keep its gain?)."""
+    lo, hi = ONE_LINE_ROWS
+    rows = held_out_rows("test", hi - lo, lo, lines_left=1)
+    run, reference = Path(run), Path(reference)
+    args = (rows, ONE_LINE_SAMPLES, ONE_LINE_SEED, 1, progress)
+    return {"rows": list(ONE_LINE_ROWS), "samples": ONE_LINE_SAMPLES,
+            "vs_warm_start": sampled_test(run / "sft", run, *args),
+            "vs_reference": sampled_test(reference, run, *args)}
