@@ -125,3 +125,13 @@ def test_grpo_starts_from_a_runs_warm_start_folder(tmp_path):
         tiny_trainer(lora_r=2, lora_alpha=4).start_from(tmp_path / "sft")
     with pytest.raises(ConfigError, match="holds no adapter"):
         tiny_trainer().start_from(tmp_path)
+
+
+def test_a_mixed_step_logs_each_starts_groups():
+    trainer = _mix_trainer(start_mix=("whole", "1", "2"), max_completion_length=4)
+    row = trainer.step()
+    groups = {k: v for k, v in row.items() if k.startswith("starts/") and k.endswith("/groups")}
+    assert sum(groups.values()) == row["prompts_sampled"] == 2
+    trained = sum(v for k, v in row.items() if k.endswith("/trained"))
+    assert trained == 2             # no dynamic sampling: every sampled group is in the batch
+    assert not any(k.startswith("starts/") for k in _mix_trainer().step())    # one start: none

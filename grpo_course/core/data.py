@@ -285,6 +285,14 @@ def mixed_starts(dataset, starts: list[int | None]):
     return out.add_column("start", texts).add_column("lines_left", left).add_column("problem", problem)
 
 
+def start_names(rows: dict[str, list]) -> list[str]:
+    """Each row's start as ``start_mix`` names it: ``whole`` (an empty start) or its lines left;
+    ``[]`` for rows without starts (a run at one start)."""
+    if "start" not in rows or "lines_left" not in rows:
+        return []
+    return ["whole" if not s else str(k) for s, k in zip(rows["start"], rows["lines_left"], strict=True)]
+
+
 def start_prompt(row: dict[str, Any], tokenizer, system_prompt: str = SYSTEM_PROMPT) -> str:
     """The prompt text of one row: its chat prompt, then its ``start`` (if it has one), so
     the model continues the answer from there."""

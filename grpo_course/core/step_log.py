@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from grpo_course.core.grpo import zero_std_groups
-from grpo_course.core.rewards import correct_completions, correct_mixed_groups
+from grpo_course.core.rewards import EXACT_REWARD, correct_completions, correct_mixed_groups
 
 
 def step_log(step: int, updates: list[dict[str, Any]], info: dict[str, Any], rewards: torch.Tensor,
@@ -41,4 +41,24 @@ def step_log(step: int, updates: list[dict[str, Any]], info: dict[str, Any], rew
             "train_dtype": "bfloat16" if bf16 else "float32",
             "skipped": updates[0]["skipped"], "step_seconds": seconds,
             "sampling_seconds": sampled - start,
-            "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds}
+            "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds,
+            **start_metrics(info, G)}
+
+
+def start_metrics(info: dict[str, Any], G: int) -> dict[str, Any]:
+    """With a mix of starts (``info["starts"]``): at each start, the groups sampled
+    (``starts/<name>/groups``), the share of their completions exactly right
+    (``starts/<name>/correct``) and the groups trained (``starts/<name>/trained``)."""
+    starts = info.get("starts")
+    scores = info["per_func"].get("correctness")
+    if not starts or not starts["sampled"]:
+        return {}
+    out: dict[str, Any] = {}
+    right = None if scores is None else (scores >= EXACT_REWARD).float().view(-1, G).mean(1)
+    for name in sorted(set(starts["sampled"]), key=lambda n: (n != "whole", n)):
+        at = torch.tensor([n == name for n in starts["sampled"]])
+        out[f"starts/{name}/groups"] = int(at.sum())
+        if right is not None:
+            out[f"starts/{name}/correct"] = float(right[at].mean())
+        out[f"starts/{name}/trained"] = starts["trained"].count(name)
+    return out

@@ -30,7 +30,14 @@ import torch
 from grpo_course.config import ConfigError, GRPOConfig
 from grpo_course.core.checkpoints import TrainingRun
 from grpo_course.core.cli import CHECKPOINT, parse_train_args, run_folder
-from grpo_course.core.data import load_gsm8k, mixed_starts, prompt_order, select_columns, start_prompts
+from grpo_course.core.data import (
+    load_gsm8k,
+    mixed_starts,
+    prompt_order,
+    select_columns,
+    start_names,
+    start_prompts,
+)
 from grpo_course.core.grpo import (
     dropped_groups_scale,
     group_advantages,
@@ -148,7 +155,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         cfg, G = self.config, self.config.num_generations
         need = len(rows["question"]) if cfg.generation_batch_size is None else cfg.prompts_per_step
         kept, sampled_rewards, sampled_funcs, prompts_sampled, rounds = [], [], [], 0, 0
-        lengths, truncated = [], []
+        lengths, truncated, starts_sampled, starts_kept = [], [], [], []
         while True:
             with self._phase("sampling"):
                 batch = sample_completions(
@@ -164,8 +171,11 @@ class CourseTrainer(SFTWarmup, TrainingRun):
             sampled_funcs.append(per_func)
             lengths.append(batch.completion_lengths.float())
             truncated.append(batch.truncated.float())
+            names = start_names(rows)
+            starts_sampled += names
             if not cfg.dynamic_sampling:
                 kept.append((batch, rewards, per_func.get("correctness")))
+                starts_kept += names
                 break
             signal = rewards if cfg.dynamic_sampling_reward is None else \
                 per_func[cfg.dynamic_sampling_reward]
@@ -176,6 +186,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                 rows_taken, correct = take.repeat_interleave(G), per_func.get("correctness")
                 kept.append((batch.select_groups(take), rewards[rows_taken],
                              None if correct is None else correct[rows_taken]))
+                starts_kept += [n for n, t in zip(names, take.tolist(), strict=True) if t]
             if room - int(take.sum()) == 0 or rounds == cfg.max_sampling_rounds:
                 break
             rows = self._next_rows(cfg.prompts_per_round)
@@ -189,6 +200,8 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                 "sampling_rounds": rounds, "prompts_sampled": prompts_sampled,
                 "completion_length": float(torch.cat(lengths).mean()),
                 "clipped_ratio": float(torch.cat(truncated).mean())}
+        if cfg.start_mix:         # which starts were sampled and trained (R3's mix)
+            info["starts"] = {"sampled": starts_sampled, "trained": starts_kept}
         correct = {"correctness": torch.cat([c for _, _, c in kept])} if "correctness" in per_func else {}
         info["trained_correct_mixed"] = correct_mixed_groups(correct, G)   # of the trained groups
         return concat_batches([b for b, _, _ in kept]), torch.cat([r for _, r, _ in kept]), info
