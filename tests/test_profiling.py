@@ -281,3 +281,29 @@ def test_sampler_table_and_sentence_read_the_words_from_the_ratios():
     assert "behind llama.cpp on its Q8_0 file (0.75×)" in text
     assert "level with this sampler at commit abc1234 (1.03×)" in text
     assert "In greedy evaluation (32 prompts × 1, 256 tokens)" in text
+
+
+def test_the_throughput_sentence_leads_with_equal_work_against_trl_at_its_fastest():
+    from grpo_course.measure.profiling import throughput_sentence
+    bench = {"measured": {"cpu": "AMD EPYC", "cpus": 2, "native_bf16": False, "date": "2026-12-03"},
+             "ours": {"s_per_step": 2.0, "frac_groups_dropped": 0.9},
+             "ours_all_groups": {"s_per_step": 4.0, "peak_rss_mib": 900},
+             "trl_best": {"mode": "fp32", "s_per_step": 16.0, "peak_rss_mib": 1800},
+             "ratio": 8.0, "ratio_vs_best": 8.0, "ratio_all_groups_vs_best": 4.0,
+             "rss_ratio_all_groups_vs_best": 0.5,
+             "sampling_32": {"tokens_per_s": 140.0, "sampling_dtype": "float32"}}
+    text = throughput_sentence(bench)
+    assert text.startswith("at equal work") and text.index("4.0×") < text.index("8.0×")
+    assert "fastest setting (fp32; AMD EPYC with 2 cores, no native bf16, 2026-12-03)" in text
+    assert "0.50× its peak memory (900 against 1800 MiB)" in text and "90 % of this" in text
+    # an old file without TRL's fastest setting says the ratio is against fp32, not the fastest
+    old = {k: v for k, v in bench.items() if k not in ("trl_best", "ratio_all_groups_vs_best")}
+    assert "not its fastest setting" in throughput_sentence(old)
+
+
+def test_a_bf16_point_is_measured_against_the_bf16_peak():
+    from grpo_course.measure.profiling import Limits, decode_point
+    limits = Limits(gflops=100.0, bandwidth=20.0, bf16_gflops=400.0)
+    point = decode_point(1000, tokens=64, decode_steps=2, seconds=1e-6, dtype="bfloat16")
+    assert point.peak(limits) == 400.0 and decode_point(1000, 64, 2, 1e-6).peak(limits) == 100.0
+    assert point.peak(Limits(gflops=100.0, bandwidth=20.0)) == 100.0   # bf16 not measured

@@ -327,11 +327,14 @@ class RooflinePoint:
     def gflops(self) -> float:
         return self.flops / self.seconds / 1e9
 
+    def peak(self, limits: Limits) -> float:
+        """The matmul peak of this point's precision (bf16 where it was measured)."""
+        return limits.bf16_gflops if self.dtype == "bfloat16" and limits.bf16_gflops else limits.gflops
+
     def bound(self, limits: Limits) -> float:
         """The GFLOP/s the roofline allows at this intensity (the bf16 roof for a bf16 point
         where it was measured)."""
-        roof = limits.bf16_gflops if self.dtype == "bfloat16" and limits.bf16_gflops else limits.gflops
-        return min(roof, self.intensity * limits.bandwidth)
+        return min(self.peak(limits), self.intensity * limits.bandwidth)
 
 
 def decode_point(n_params: int, tokens: int, decode_steps: int, seconds: float,
@@ -498,3 +501,36 @@ def sampler_sentence(record: dict) -> str:
                      f"({100 * row['course']['fraction_of_roof']:.0f} % of the roof)"
                      + (", " + ", ".join(peers) if peers else ""))
     return ". ".join(p[0].upper() + p[1:] for p in parts)
+
+
+def throughput_sentence(bench: dict) -> str:
+    """``data/throughput.json`` in words, led by the fair comparison: this trainer with the
+    training pass on every group (TRL's amount of work) against TRL's fastest setting on the
+    machine the benchmark ran on; then the trainer as shipped, whose lead also depends on how
+    many groups tie on the benchmark's prompts; then the sampler alone."""
+    facts = bench.get("measured", {})
+    native = facts.get("native_bf16", bool(facts.get("avx512_bf16") or facts.get("amx_bf16")))
+    machine = (f"{facts.get('cpu', 'a CPU')} with {facts.get('cpus', '?')} cores, "
+               f"{'native' if native else 'no native'} bf16, {facts.get('date', 'undated')}")
+    ours, every, best = bench["ours"], bench.get("ours_all_groups", {}), bench.get("trl_best")
+    if best and "ratio_all_groups_vs_best" in bench:
+        out = (f"at equal work (the training pass on every group, as TRL's) this trainer takes "
+               f"{every['s_per_step']:.1f} s per step against {best['s_per_step']:.1f} s for TRL at "
+               f"its fastest setting ({best['mode']}; {machine}): "
+               f"{bench['ratio_all_groups_vs_best']:.1f}× its completions per second")
+        if "rss_ratio_all_groups_vs_best" in bench:
+            out += (f", at {bench['rss_ratio_all_groups_vs_best']:.2f}× its peak memory "
+                    f"({every['peak_rss_mib']:.0f} against {best['peak_rss_mib']:.0f} MiB)")
+        if "frac_groups_dropped" in ours:
+            out += (f". As shipped it also leaves groups whose rewards tie out of the training "
+                    f"pass ({100 * ours['frac_groups_dropped']:.0f} % of this benchmark's groups; "
+                    f"how many tie depends on the prompts and the policy): "
+                    f"{bench['ratio_vs_best']:.1f}× here")
+    else:
+        out = (f"{bench['ratio']:.1f}× TRL's completions per second with TRL in fp32, which is "
+               f"not its fastest setting ({machine}; rerun make bench for the fair comparison)")
+    sampling = bench.get("sampling_32", {})
+    if "tokens_per_s" in sampling:
+        out += (f". The sampler alone decodes {sampling['tokens_per_s']:.0f} tokens/s with 32 "
+                f"sequences at once, with {sampling.get('sampling_dtype', 'auto')} weights")
+    return out
