@@ -75,6 +75,19 @@ def validation_samples(folder: Path, rows, samples: int, budget: int) -> Sampled
     return cached_samples(folder, rows, samples, budget, SEED, kind="validation")
 
 
+def same_warm_start(a: Path, b: Path) -> bool:
+    """Whether two adapter folders hold the same weights: the same bytes, or the same values in
+    bf16 (a run started with ``--warm_start`` from a shipped ``sft/``, stored in bf16, holds that
+    adapter's values in fp32)."""
+    if file_hash(a / "adapter_model.safetensors") == file_hash(b / "adapter_model.safetensors"):
+        return True
+    import torch
+    from safetensors.torch import load_file
+    x, y = load_file(a / "adapter_model.safetensors"), load_file(b / "adapter_model.safetensors")
+    bf16 = lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t
+    return x.keys() == y.keys() and all(torch.equal(bf16(x[k]), bf16(y[k])) for k in x)
+
+
 def kept_steps(run: Path, steps: list[int]) -> dict[int, Path]:
     """The adapters of ``run`` at those of ``steps`` it kept (step 0, its warm start, always); a
     :class:`ConfigError` naming the steps it kept where it kept none of the later ones asked."""
@@ -165,9 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             if differ:
                 raise ConfigError(f"--run {run}: its recipe differs from {runs[0]}'s in "
                                   f"{', '.join(differ)}; compare runs that differ in the "
-                                  f"learning rate and the steps alone")
-            if file_hash(snapshot(run, 0) / "adapter_model.safetensors") != \
-                    file_hash(snapshot(runs[0], 0) / "adapter_model.safetensors"):
+                                  f"learning rate, the start and the steps alone")
+            if not same_warm_start(snapshot(run, 0), snapshot(runs[0], 0)):
                 raise ConfigError(f"--run {run}: its warm start (sft/) is not {runs[0]}'s; "
                                   f"compare runs from the same warm start")
         arms = [(c.get("learning_rate"), c.get("lines_left"), tuple(c.get("start_mix") or ()))

@@ -189,6 +189,18 @@ def test_the_learning_curve_compares_runs_on_the_same_rows_and_names_the_best(tm
     assert f"{b}: no adapter at step 40; tested at 0, 20" in capsys.readouterr().err
 
 
+def test_a_warm_start_stored_in_bf16_is_the_same_warm_start(tmp_path):
+    from safetensors.torch import save_file
+    bench = _bench("learning_curve")
+    w = torch.randn(4, 3)
+    for name, t in (("fp32", w), ("bf16", w.to(torch.bfloat16)), ("other", w + 1)):
+        (tmp_path / name).mkdir()
+        save_file({"a.lora_A.weight": t}, str(tmp_path / name / "adapter_model.safetensors"))
+    assert bench.same_warm_start(tmp_path / "fp32", tmp_path / "fp32")
+    assert bench.same_warm_start(tmp_path / "fp32", tmp_path / "bf16")
+    assert not bench.same_warm_start(tmp_path / "fp32", tmp_path / "other")
+
+
 def test_the_learning_curve_answers_whole_problems_and_names_the_best_mix(tmp_path, monkeypatch):
     """A run at one line left beside one that mixes starts: both sampled at one line left, both
     answering the same whole problems greedily, McNemar against step 0, and the best on whole
