@@ -72,7 +72,8 @@ def run_name(recipe: Path) -> str:
     return recipe.stem.removesuffix("_run")
 
 
-def export(work: Path, out: Path, recipe: Path = RECIPE, reproduce: str = "make reference-run") -> dict:
+def export(work: Path, out: Path, recipe: Path = RECIPE, reproduce: str = "make reference-run",
+           warm_start: str | None = None) -> dict:
     """Write the finished run in ``work`` to ``out`` (atomically, as one folder)."""
     config = (work / RUN_CONFIG_FILE).read_text()
     rows = read_metrics(work)
@@ -87,6 +88,8 @@ def export(work: Path, out: Path, recipe: Path = RECIPE, reproduce: str = "make 
             "sft_steps": sum(r.get("phase") == "sft" for r in rows),
             "hours": round(seconds / 3600, 3), "machine": bench_facts(),
             "reproduce": reproduce}
+    if warm_start:          # GRPO began from this adapter: its warm-up's hours are not counted here
+        info["warm_start"] = warm_start
 
     def write(tmp: Path) -> None:
         copy_adapter(work, tmp)
@@ -116,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     name = run_name(recipe)
     work = Path(args.work) if args.work else cache_dir() / "runs" / name
     out = Path(args.out) if args.out else ROOT / "data" / "runs" / name
-    reproduce = f"make {name}-run"
+    known = {"reference": "make reference-run", "curriculum": "make curriculum-run"}
+    reproduce = known.get(name, f"python bench/shipped_run.py --recipe {args.recipe} {' '.join(extra)}".strip())
+    warm = next((extra[i + 1] for i, w in enumerate(extra[:-1]) if w in ("--warm_start", "--warm-start")),
+                None)
     try:
         if not args.export_only:
             if not (work / STARTED).is_file():
@@ -130,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (work / "adapter_model.safetensors").is_file():
             raise ConfigError(f"{work} holds no finished run: run python bench/shipped_run.py "
                               f"--recipe {args.recipe}")
-        info = export(work, out, recipe, reproduce)
+        info = export(work, out, recipe, reproduce, warm)
     except (ValueError, RuntimeError, OSError) as exc:
         return report(exc)
     print(json.dumps({"out": str(out), **info}))

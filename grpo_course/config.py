@@ -202,7 +202,8 @@ class GRPOConfig:
         if self.lines_left is not None and self.lines_left < 1:
             raise ConfigError(f"lines_left must be >= 1 (or none: whole problems); got {self.lines_left}")
         if self.start_mix:
-            bad = [s for s in self.start_mix if s != WHOLE and not (s.isdigit() and int(s) >= 1)]
+            bad = [s for s in self.start_mix
+                   if s != WHOLE and not (isinstance(s, str) and s.isdigit() and int(s) >= 1)]
             if bad:
                 raise ConfigError(f"start_mix entries must be '{WHOLE}' or a whole number of lines "
                                   f"left >= 1; got {bad[0]!r}")

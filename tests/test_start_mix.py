@@ -133,5 +133,43 @@ def test_a_mixed_step_logs_each_starts_groups():
     groups = {k: v for k, v in row.items() if k.startswith("starts/") and k.endswith("/groups")}
     assert sum(groups.values()) == row["prompts_sampled"] == 2
     trained = sum(v for k, v in row.items() if k.endswith("/trained"))
-    assert trained == 2             # no dynamic sampling: every sampled group is in the batch
+    assert trained == row["informative_groups"]     # groups whose rewards tie are not trained
     assert not any(k.startswith("starts/") for k in _mix_trainer().step())    # one start: none
+
+
+@pytest.mark.parametrize("mix", [(), ("whole", "1", "2")])
+def test_dynamic_sampling_with_and_without_a_mix(mix):
+    """A step with DAPO's filter takes informative groups, with or without starts of their own
+    (the reference run's rows have none)."""
+    def varied(completions, **kw):          # every group has spread: every group is informative
+        return [float(i % 2) for i in range(len(completions))]
+    cfg = GRPOConfig(num_generations=2, per_step_completions=4, generation_batch_size=4,
+                     max_completion_length=4, lora_r=4, lora_alpha=8, reward_weights={"varied": 1.0},
+                     dynamic_sampling=True, dynamic_sampling_reward="varied", start_mix=mix,
+                     lora_target_modules=("q_proj",))
+    trainer = CourseTrainer(tiny_model(), tiny_tokenizer(), cfg, datasets.Dataset.from_list(LINES),
+                            reward_funcs={"varied": varied})
+    row = trainer.step()
+    assert row["informative_groups"] == 2
+    trained = sum(v for k, v in row.items() if k.startswith("starts/") and k.endswith("/trained"))
+    assert trained == (2 if mix else 0)
+    with pytest.raises(ConfigError, match="start_mix entries"):
+        GRPOConfig(start_mix=("whole", 1))
+
+
+def test_a_warm_started_run_keeps_its_warm_start_and_refuses_another_mix(tmp_path, monkeypatch):
+    from tests.helpers import tiny_trainer
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    tiny_trainer().save_model(tmp_path / "warm")
+    run = tiny_trainer(out_dir=tmp_path / "run", max_steps=1).start_from(tmp_path / "warm")
+    run.train()
+    assert (tmp_path / "run" / "sft" / "adapter_model.safetensors").is_file()   # sft_steps is 0
+    with pytest.raises(ConfigError, match="lora_alpha is 8, this run's 16"):
+        tiny_trainer(lora_alpha=16).start_from(tmp_path / "warm")
+    monkeypatch.setattr(pool_module, "screen_prompts",
+                        lambda model, tok, rows, *a, **k: [1] * len(rows["question"]))
+    mixed = _mix_trainer(start_mix=("whole", "1"), prompt_pool="mixed", pool_prompts=2)
+    pool = mixed.build_pool()
+    assert pool["start_mix"] == ["whole", "1"]
+    with pytest.raises(ConfigError, match="screened with start_mix"):
+        _mix_trainer(start_mix=("whole", "2"), prompt_pool="mixed").use_pool(pool)

@@ -47,6 +47,13 @@ def load_adapter_state(model, folder) -> None:
                           f"adapter_model.safetensors)")
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
+    saved = json.loads((folder / "adapter_config.json").read_text()) \
+        if (folder / "adapter_config.json").is_file() else {}
+    mine = getattr(model, "peft_config", {}).get("default")
+    for name in ("r", "lora_alpha"):
+        if mine is not None and name in saved and saved[name] != getattr(mine, name):
+            raise ConfigError(f"warm start {str(folder)!r} is not an adapter of this run's LoRA shape "
+                              f"(its {name} is {saved[name]}, this run's {getattr(mine, name)})")
     try:
         loaded = set_peft_model_state_dict(model, load_file(adapter))
     except RuntimeError as exc:          # torch's size mismatch: another rank
@@ -124,6 +131,7 @@ class TrainingRun:
             if config is None:
                 cfg = meta["config"]
                 cfg["lora_target_modules"] = tuple(cfg["lora_target_modules"])
+                cfg["start_mix"] = tuple(cfg.get("start_mix") or ())
                 config = GRPOConfig(**cfg)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             if isinstance(exc, ConfigError):
@@ -170,6 +178,10 @@ class TrainingRun:
     def use_pool(self, pool: dict[str, Any]) -> None:
         """Draw GRPO's prompts from ``pool["mixed"]`` (in GRPO's order), or a
         :class:`ConfigError` when the screening kept none."""
+        if list(pool.get("start_mix", [])) != list(self.config.start_mix):
+            raise ConfigError(f"the prompt pool was screened with start_mix "
+                              f"{pool.get('start_mix') or 'unset'}, this run has "
+                              f"{list(self.config.start_mix) or 'none'}: its ids name other prompts")
         if not pool["mixed"]:
             raise ConfigError(f"the mixed prompt pool is empty: the policy solved none of the "
                               f"{len(pool['ids'])} screened prompts sometimes; screen more "
@@ -192,7 +204,7 @@ class TrainingRun:
         self.tracker = Tracker(cfg, name=self.out_dir.name if self.out_dir is not None else "course")
         try:
             rows_out += self.sft()
-            if self.out_dir is not None and cfg.sft_steps and self.global_step == 0 \
+            if self.out_dir is not None and (cfg.sft_steps or self.warm_started) and self.global_step == 0 \
                     and not (self.out_dir / "sft" / "adapter_config.json").is_file():
                 self.save_model(self.out_dir / "sft")     # the warm-up alone, for attribution
             pool = self.build_pool()               # prompt_pool: mixed (screened once)

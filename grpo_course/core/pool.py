@@ -122,7 +122,7 @@ def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int
                              config.lines_left, config.temperature, config.seed,
                              config.sampling_dtype, batch_prompts, progress)
     pool = {"ids": ids, "correct": correct, "samples": samples,
-            "mixed": mixed_ids(ids, correct, samples),
+            "mixed": mixed_ids(ids, correct, samples), "start_mix": list(config.start_mix),
             "seconds": round(time.perf_counter() - start, 1)}
     write_json_atomic(path, pool)
     return pool
@@ -139,7 +139,7 @@ def pool_summary(pool: dict[str, Any]) -> dict[str, Any]:
 
 
 #: what a screening holds (``screened_pool``), besides the summary
-POOL_KEYS = ("ids", "correct", "samples", "mixed", "seconds")
+POOL_KEYS = ("ids", "correct", "samples", "mixed", "seconds", "start_mix")
 
 
 def pool_record(pool: dict[str, Any]) -> dict[str, Any]:

@@ -111,4 +111,5 @@ class SFTWarmup:
         and count its SFT steps as done, so :meth:`~grpo_course.core.checkpoints.TrainingRun.train` goes straight to GRPO."""
         load_adapter_state(self.model, warm_dir)
         self.sft_done = self.config.sft_steps
+        self.warm_started = True        # train() saves it as OUT/sft, whatever sft_steps says
         return self

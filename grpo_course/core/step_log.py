@@ -42,13 +42,14 @@ def step_log(step: int, updates: list[dict[str, Any]], info: dict[str, Any], rew
             "skipped": updates[0]["skipped"], "step_seconds": seconds,
             "sampling_seconds": sampled - start,
             "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds,
-            **start_metrics(info, G)}
+            **start_metrics(info, G, trained)}
 
 
-def start_metrics(info: dict[str, Any], G: int) -> dict[str, Any]:
+def start_metrics(info: dict[str, Any], G: int, trained: torch.Tensor) -> dict[str, Any]:
     """With a mix of starts (``info["starts"]``): at each start, the groups sampled
     (``starts/<name>/groups``), the share of their completions exactly right
-    (``starts/<name>/correct``) and the groups trained (``starts/<name>/trained``)."""
+    (``starts/<name>/correct``) and the groups of the training batch the update trained
+    (``starts/<name>/trained``: ``trained`` is the batch's mask)."""
     starts = info.get("starts")
     scores = info["per_func"].get("correctness")
     if not starts or not starts["sampled"]:
@@ -60,5 +61,6 @@ def start_metrics(info: dict[str, Any], G: int) -> dict[str, Any]:
         out[f"starts/{name}/groups"] = int(at.sum())
         if right is not None:
             out[f"starts/{name}/correct"] = float(right[at].mean())
-        out[f"starts/{name}/trained"] = starts["trained"].count(name)
+        out[f"starts/{name}/trained"] = sum(n == name and t for n, t in
+                                            zip(starts["batch"], trained.tolist(), strict=True))
     return out

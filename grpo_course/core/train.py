@@ -111,6 +111,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         self.history: list[dict[str, Any]] = []
         self.tracker = None          # a runs.Tracker while train() runs (report_to="trackio")
         self.sft_optimizer = None   # the warm-up's own AdamW (made by sft(), kept in checkpoints)
+        self.warm_started = False   # start_from() loaded a warm start instead of the warm-up
         self._mark_step_boundary()
 
     # ------------------------------------------------------------ helpers
@@ -171,7 +172,10 @@ class CourseTrainer(SFTWarmup, TrainingRun):
             sampled_funcs.append(per_func)
             lengths.append(batch.completion_lengths.float())
             truncated.append(batch.truncated.float())
-            names = start_names(rows)
+            # each group's start (R3's mix); none where the rows carry no start of their own
+            names = start_names(rows) if cfg.start_mix else []
+            if names and len(names) != len(rows["question"]):
+                raise ConfigError("a start_mix step's rows need their start and lines_left columns")
             starts_sampled += names
             if not cfg.dynamic_sampling:
                 kept.append((batch, rewards, per_func.get("correctness")))
@@ -186,7 +190,8 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                 rows_taken, correct = take.repeat_interleave(G), per_func.get("correctness")
                 kept.append((batch.select_groups(take), rewards[rows_taken],
                              None if correct is None else correct[rows_taken]))
-                starts_kept += [n for n, t in zip(names, take.tolist(), strict=True) if t]
+                if names:
+                    starts_kept += [n for n, t in zip(names, take.tolist(), strict=True) if t]
             if room - int(take.sum()) == 0 or rounds == cfg.max_sampling_rounds:
                 break
             rows = self._next_rows(cfg.prompts_per_round)
@@ -201,7 +206,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                 "completion_length": float(torch.cat(lengths).mean()),
                 "clipped_ratio": float(torch.cat(truncated).mean())}
         if cfg.start_mix:         # which starts were sampled and trained (R3's mix)
-            info["starts"] = {"sampled": starts_sampled, "trained": starts_kept}
+            info["starts"] = {"sampled": starts_sampled, "batch": starts_kept}
         correct = {"correctness": torch.cat([c for _, _, c in kept])} if "correctness" in per_func else {}
         info["trained_correct_mixed"] = correct_mixed_groups(correct, G)   # of the trained groups
         return concat_batches([b for b, _, _ in kept]), torch.cat([r for _, r, _ in kept]), info

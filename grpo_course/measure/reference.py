@@ -138,9 +138,11 @@ def training_rates(run: str | Path) -> dict[str, Any]:
 
 def recipe_curve(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dict[str, Any] | None:
     """Of the learning curve's runs (``data/learning_curve.json``), the one at ``recipe``'s learning
-    rate and start (``lines_left``, ``start_mix``); ``None`` when there is none."""
+    rate and start (``lines_left``, ``start_mix``, where ``recipe`` names them); ``None`` when
+    there is none."""
     runs = curve["curves"] if curve else []
-    arm = lambda r: (r.get("learning_rate"), r.get("lines_left"), list(r.get("start_mix") or []))
+    keys = [k for k in ("learning_rate", "lines_left", "start_mix") if k in recipe]
+    arm = lambda r: [list(r.get(k) or []) if k == "start_mix" else r.get(k) for k in keys]
     return next((c for c in runs if arm(c["recipe"]) == arm(recipe)), None)
 
 
