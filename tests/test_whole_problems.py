@@ -37,3 +37,28 @@ def test_it_passes_only_where_both_rise_significantly_and_the_format_holds(args,
     verdict = wp.whole_verdict(*_results(*args))
     assert verdict["passed"] is passed
     assert set(verdict) == {"passed", "greedy_rose", "sampled_rose", "format_ok"}
+
+
+def _record(before=0.016, after=0.031, gained=40, lost=20, p_greedy=0.01, diff=0.004, lo=-0.002,
+            hi=0.010, p_sampled=0.2):
+    greedy, sampled = _results(before, after, p_greedy, diff, p_sampled)
+    greedy.update(n=1319, mcnemar={"p_value": p_greedy, "a_only": lost, "b_only": gained})
+    sampled.update(rows=[0, 512], pass_at_1={"difference": diff, "lo": lo, "hi": hi,
+                                             "p_value": p_sampled, "mean_a": 0.012, "mean_b": 0.016})
+    sampled["after"]["samples"] = 4
+    return {"greedy": greedy, "sampled": sampled, "verdict": wp.whole_verdict(greedy, sampled)}
+
+
+def test_the_record_reads_in_words_from_its_numbers():
+    record = _record()
+    a, b = wp.result_rows(record, "curriculum")
+    assert a["reading"] == "rose" and a["interval or pairs"] == "40 gained, 20 lost"
+    assert abs(a["change (points)"] - 1.5) < 1e-9 and a["test"].endswith("all 1319 test problems")
+    assert b["reading"] == "no detectable change" and b["interval or pairs"] == "95 % CI -0.2 to +1.0"
+    assert b["test"] == "(b) sampled pass@1, K = 4, rows 0-511"
+    said = wp.verdict_sentence(record)
+    assert said.startswith("the curriculum run did not pass") and "sampled pass@1 did not" in said
+    assert "greedy" not in said.split(":", 1)[1]
+    fell = _record(before=0.03, after=0.01, p_greedy=0.001)
+    assert wp.result_rows(fell, "x")[0]["reading"] == "fell"
+    assert "passed the test" in wp.verdict_sentence(_record(p_sampled=0.01, diff=0.01, lo=0.002))

@@ -171,3 +171,45 @@ def one_line_left(run: str | Path, reference: str | Path, progress: bool = True)
     return {"rows": list(ONE_LINE_ROWS), "samples": ONE_LINE_SAMPLES,
             "vs_warm_start": sampled_test(run / "sft", run, *args),
             "vs_reference": sampled_test(reference, run, *args)}
+
+
+# ---- the record in words and tables (chapter 5 reads data/curriculum_test.json through these)
+def reading(change: float, p: float) -> str:
+    """A paired change in plain words, decided by its p: ``rose``, ``fell`` or ``no detectable
+    change`` (at :data:`ALPHA`)."""
+    if p >= ALPHA:
+        return "no detectable change"
+    return "rose" if change > 0 else "fell"
+
+
+def result_rows(tests: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """Tests (a) and (b) of one run (``whole_problem_tests``' record) as table rows: the warm
+    start's and the run's value, the change, its interval or the problems gained and lost, p,
+    and the reading."""
+    g, s = tests["greedy"], tests["sampled"]
+    m, d = g["mcnemar"], s["pass_at_1"]
+    return [{"run": name, "test": f"(a) greedy accuracy, all {g['n']} test problems",
+             "warm start %": 100 * g["before"], "run %": 100 * g["after"],
+             "change (points)": 100 * (g["after"] - g["before"]),
+             "interval or pairs": f"{m['b_only']} gained, {m['a_only']} lost", "p": m["p_value"],
+             "reading": reading(g["after"] - g["before"], m["p_value"])},
+            {"run": name, "test": f"(b) sampled pass@1, K = {s['after']['samples']}, "
+                                  f"rows {s['rows'][0]}-{s['rows'][1] - 1}",
+             "warm start %": 100 * d["mean_a"], "run %": 100 * d["mean_b"],
+             "change (points)": 100 * d["difference"],
+             "interval or pairs": f"95 % CI {100 * d['lo']:+.1f} to {100 * d['hi']:+.1f}",
+             "p": d["p_value"], "reading": reading(d["difference"], d["p_value"])}]
+
+
+def verdict_sentence(tests: dict[str, Any], name: str = "the curriculum run") -> str:
+    """Whether ``name`` passed the tests fixed before it trained, and which part decided it."""
+    v, g, s = tests["verdict"], tests["greedy"], tests["sampled"]
+    if v["passed"]:
+        return (f"{name} passed the test fixed before it trained: on whole problems both greedy "
+                f"accuracy and sampled pass@1 rose (p = {g['mcnemar']['p_value']:.2g} and "
+                f"{s['pass_at_1']['p_value']:.2g}) with a format rate of at least {MIN_FORMAT:.0%}")
+    failed = [what for what, ok in (("greedy accuracy did not rise significantly", v["greedy_rose"]),
+                                    ("sampled pass@1 did not rise significantly", v["sampled_rose"]),
+                                    (f"the format rate fell below {MIN_FORMAT:.0%}", v["format_ok"]))
+              if not ok]
+    return f"{name} did not pass the test fixed before it trained: {'; '.join(failed)}"
