@@ -120,3 +120,11 @@ def test_mean_interval():
     assert mean_interval([0.2, 0.2])["lo"] == pytest.approx(0.2)
     with pytest.raises(ValueError):
         mean_interval([1.0])
+
+
+def test_trend_words_come_from_the_slopes_interval():
+    from grpo_course.measure.stats import trend_words
+    assert trend_words([1.0, 2.0, 3.1, 3.9, 5.0]) == "rose"
+    assert trend_words([2.12, 1.5, 0.9, 0.32]) == "fell"
+    assert trend_words([1.0, 1.5, 0.9, 1.2, 1.1]) == "showed no detectable trend"
+    assert trend_words([1.76, 1.53]) == "showed no detectable trend"      # two points: no interval

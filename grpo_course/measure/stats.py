@@ -104,6 +104,16 @@ def linear_trend(values: Sequence[float]) -> dict[str, float]:
     return {"slope": slope, "lo": slope - half, "hi": slope + half, "n": n}
 
 
+def trend_words(values: Sequence[float]) -> str:
+    """The direction of a series in words, from :func:`linear_trend`'s slope and 95 % interval:
+    ``rose``, ``fell``, or ``showed no detectable trend`` (an interval that holds 0, or fewer than
+    3 points)."""
+    t = linear_trend(values)
+    if t["n"] < 3 or t["lo"] <= 0 <= t["hi"]:
+        return "showed no detectable trend"
+    return "rose" if t["slope"] > 0 else "fell"
+
+
 def pass_at_k_estimate(n: int, c: int, k: int) -> float:
     """The unbiased pass@k of one problem from ``n`` samples of which ``c`` are right: the chance
     that ``k`` of them drawn without replacement hold at least one right answer,
