@@ -603,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
                           "threads_per_process": threads, "seconds": round(run.seconds, 2),
                           "completions_per_s": round(completions / run.seconds, 4),
                           "per_process_completions_per_s": round(completions / world / run.seconds, 4),
+                          # TRL's own time of each step (the run's set-up left out)
+                          "step_seconds": [round(e["step_time"], 3) for e in run.steps if e.get("step_time")],
                           "adapter_sha256": record["adapter_sha256"]}))
     return 0
 
