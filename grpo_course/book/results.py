@@ -1,0 +1,54 @@
+"""Each chapter's result box: a short table at the top of the page, made from data.
+
+A row says what was measured, its value, its n and 95 % interval where it has them, the reading in
+plain words, and where the number comes from: this page (computed on the machine that runs it) or a
+file the course ships (a long run or a benchmark, on the machine and date it names). The top cell
+shows the box empty (:func:`results_box`); the chapter's last cells fill it (:func:`fill_results_box`)
+through IPython's ``update_display``. Jupyter's executor writes the update into the top cell's
+output, so the built book shows the filled table where the page begins, and a live kernel (JupyterLab,
+Colab) fills it when those cells run.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+RESULTS_ID = "chapter-results"
+COLUMNS = ("measure", "value", "n", "95 % interval", "reading", "from")
+THIS_PAGE = "this page"
+
+
+def result(measure: str, value: str, reading: str = "", n: int | str = "", interval: str = "",
+           source: str = THIS_PAGE) -> dict[str, Any]:
+    """One row of the box (``source``: :data:`THIS_PAGE`, or the shipped file with its machine and
+    date, see :func:`shipped`)."""
+    return dict(zip(COLUMNS, (measure, value, n, interval, reading, source), strict=True))
+
+
+def shipped(path: str, facts: dict[str, Any] | None) -> str:
+    """Where a shipped number comes from: the file, and the CPU and date it records."""
+    facts = facts or {}
+    cpu, date = facts.get("cpu"), facts.get("date")
+    where = ", ".join(str(x) for x in (cpu, date) if x)
+    return f"shipped: {path}" + (f" ({where})" if where else "")
+
+
+def results_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The box's rows as a table, one measure a row."""
+    return pd.DataFrame(rows, columns=list(COLUMNS)).set_index("measure")
+
+
+def results_box(display_id: str = RESULTS_ID) -> None:
+    """The empty box at the top of a chapter, to be filled by :func:`fill_results_box`."""
+    from IPython.display import Markdown, display
+    display(Markdown("*This page's results appear here once its last cells have run.*"),
+            display_id=display_id)
+
+
+def fill_results_box(rows: list[dict[str, Any]], display_id: str = RESULTS_ID) -> pd.DataFrame:
+    """Fill the box at the top of the chapter with ``rows`` (and return the table)."""
+    from IPython.display import update_display
+    table = results_table(rows)
+    update_display(table, display_id=display_id)
+    return table

@@ -1,0 +1,24 @@
+"""The chapters' result box (grpo_course.book.results): rows from data, the box at the top filled
+by the chapter's last cells through IPython's display ids."""
+from __future__ import annotations
+
+import IPython.display
+
+from grpo_course.book import results as R
+
+
+def test_rows_name_their_source_and_the_box_is_filled_by_its_display_id(monkeypatch):
+    rows = [R.result("pass@1 at one line left", "10.5 %", "rose", n=256, interval="+3 to +9 points"),
+            R.result("sampler vs llama.cpp", "1.34×", "ahead",
+                     source=R.shipped("data/sampler.json", {"cpu": "AMD EPYC", "date": "2026-12-03"}))]
+    shown, updated = [], []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=None: shown.append(display_id))
+    monkeypatch.setattr(IPython.display, "update_display",
+                        lambda obj, display_id=None: updated.append((obj, display_id)))
+    R.results_box()
+    table = R.fill_results_box(rows)
+    assert shown == [R.RESULTS_ID] and updated[0][1] == R.RESULTS_ID and updated[0][0] is table
+    assert list(table.columns) == ["value", "n", "95 % interval", "reading", "from"]
+    assert table.loc["pass@1 at one line left", "from"] == "this page"
+    assert table.loc["sampler vs llama.cpp", "from"] == "shipped: data/sampler.json (AMD EPYC, 2026-12-03)"
+    assert R.shipped("data/x.json", None) == "shipped: data/x.json"
