@@ -22,3 +22,10 @@ def test_rows_name_their_source_and_the_box_is_filled_by_its_display_id(monkeypa
     assert table.loc["pass@1 at one line left", "from"] == "this page"
     assert table.loc["sampler vs llama.cpp", "from"] == "shipped: data/sampler.json (AMD EPYC, 2026-12-03)"
     assert R.shipped("data/x.json", None) == "shipped: data/x.json"
+
+
+def test_p_values_keep_their_digits_where_a_table_is_rounded():
+    import pandas as pd
+    table = pd.DataFrame({"change": [0.12345], "p": [5e-9], "McNemar p": [0.1834], "n": [256]})
+    shown = R.p_values_as_text(table).round(3)     # before rounding the rest
+    assert shown.loc[0, "p"] == "5e-09" and shown.loc[0, "McNemar p"] == "0.18" and shown.loc[0, "n"] == 256

@@ -52,3 +52,14 @@ def fill_results_box(rows: list[dict[str, Any]], display_id: str = RESULTS_ID) -
     table = results_table(rows)
     update_display(table, display_id=display_id)
     return table
+
+
+def p_values_as_text(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with its p-value columns (``p``, or a name ending in `` p``) written as numbers of
+    two significant digits (``5e-09``, ``0.18``), which rounding a table to a few decimals would show
+    as ``0.0``: call it before ``.round``."""
+    out = table.copy()
+    for col in out.columns:
+        if str(col) == "p" or str(col).endswith(" p"):
+            out[col] = [v if not isinstance(v, (int, float)) else f"{v:.2g}" for v in out[col]]
+    return out
