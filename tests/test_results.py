@@ -16,8 +16,9 @@ def test_rows_name_their_source_and_the_box_is_filled_by_its_display_id(monkeypa
     monkeypatch.setattr(IPython.display, "update_display",
                         lambda obj, display_id=None: updated.append((obj, display_id)))
     R.results_box()
-    table = R.fill_results_box(rows)
-    assert shown == [R.RESULTS_ID] and updated[0][1] == R.RESULTS_ID and updated[0][0] is table
+    assert R.fill_results_box(rows) is None                  # shown at the top only, not again here
+    table = updated[0][0]
+    assert shown == [R.RESULTS_ID] and updated[0][1] == R.RESULTS_ID
     assert list(table.columns) == ["value", "n", "95 % interval", "reading", "from"]
     assert table.loc["pass@1 at one line left", "from"] == "this page"
     assert table.loc["sampler vs llama.cpp", "from"] == "shipped: data/sampler.json (AMD EPYC, 2026-12-03)"

@@ -46,12 +46,10 @@ def results_box(display_id: str = RESULTS_ID) -> None:
             display_id=display_id)
 
 
-def fill_results_box(rows: list[dict[str, Any]], display_id: str = RESULTS_ID) -> pd.DataFrame:
-    """Fill the box at the top of the chapter with ``rows`` (and return the table)."""
+def fill_results_box(rows: list[dict[str, Any]], display_id: str = RESULTS_ID) -> None:
+    """Fill the box at the top of the chapter with ``rows`` (nothing is shown where it is called)."""
     from IPython.display import update_display
-    table = results_table(rows)
-    update_display(table, display_id=display_id)
-    return table
+    update_display(results_table(rows), display_id=display_id)
 
 
 def p_values_as_text(table: pd.DataFrame) -> pd.DataFrame:
