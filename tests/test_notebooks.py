@@ -32,6 +32,20 @@ def test_chapter_anatomy(path):
     assert ":class: dropdown" in text, f"{path.name}: exercise solutions should be hidden"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_each_chapter_has_a_result_box_at_the_top_filled_at_the_end(path):
+    """The box (grpo_course.book.results) comes before the chapter's first heavy cell and is filled
+    by a cell after every other result, before the run-time cell."""
+    nb = nbformat.read(path, as_version=4)
+    code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    tops = [i for i, s in code if "results_box()" in s]
+    fills = [i for i, s in code if "fill_results_box(" in s]
+    timed = [i for i, s in code if "total_minutes = " in s]
+    assert len(tops) == 1 and tops[0] <= 3, f"{path.name}: the result box belongs at the top"
+    assert len(fills) == 1 and timed and fills[0] < timed[0], \
+        f"{path.name}: fill the result box once, before the run-time cell"
+
+
 def test_toc_lists_every_notebook():
     toc = (ROOT / "_toc.yml").read_text()
     for path in NOTEBOOKS:
