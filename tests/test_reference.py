@@ -340,3 +340,30 @@ def test_the_page_says_whether_the_learning_rate_and_steps_were_chosen_on_valida
             f"problem: +0.0 points (95 % CI +0.0 to +0.0, p = 1)") in said["choice_sentence"]
     assert f"at step {early}, where the recipe stops;" in said["curve_sentence"] or early == first["points"][-1]["step"]
     assert len(curve_table(two)) == len(shipped["curves"][0]["points"]) + 3
+
+
+def test_the_fixed_tests_words_come_from_the_shipped_record():
+    """Page 3b's sentences on the reference run's test (measure.reference), read from
+    data/reference_test.json: every direction word from its number, and a live re-check that
+    matches, or says how far it is from the benchmark."""
+    import copy
+
+    from grpo_course.measure.reference import fixed_test_sentences, fixed_test_table, live_recheck_sentence
+    fixed = json.loads((ROOT / "data" / "reference_test.json").read_text())
+    said = fixed_test_sentences(fixed)
+    assert set(said) == {"ref_verdict", "ref_table", "ref_transfer", "ref_passk_change", "ref_pattern",
+                         "ref_greedy"}
+    assert said["ref_verdict"].startswith("it passed" if fixed["verdict"]["passed"] else "it did not pass")
+    whole = fixed["transfer"]["whole_problems"]
+    word = "no detectable change" if whole["mcnemar"]["p_value"] >= 0.05 else \
+        "rose" if whole["after"] > whole["before"] else "fell"
+    assert f"whole problems: greedy {100 * whole['before']:.1f}" in said["ref_transfer"] and word in said["ref_transfer"]
+    assert len(fixed_test_table(fixed)) == len(fixed["slices"])
+    live = {"slices": [{"sampled": {side: {"right": s["sampled"][side]["right"][:4]} for side in ("before", "after")}}
+                       for s in fixed["slices"]]}
+    assert "match the benchmark's" in live_recheck_sentence(live, fixed, 4)
+    moved = copy.deepcopy(live)
+    moved["slices"][0]["sampled"]["after"]["right"] = [0, 0, 0, 0]
+    text = live_recheck_sentence(moved, fixed, 4)
+    assert "1 of 4 model-slice pairs differ" in text or "pairs differ" in text
+    assert "the verdict below is the benchmark's" in text

@@ -34,7 +34,7 @@ from grpo_course.infra.memory import free_memory
 from grpo_course.infra.paths import project_root
 from grpo_course.measure.attribution import paired_mcnemar
 from grpo_course.measure.evaluate import compare_sampled, evaluate_model, evaluate_sampled, held_out_rows
-from grpo_course.measure.stats import describe_difference, paired_difference
+from grpo_course.measure.stats import describe_difference, paired_difference, reading
 
 #: the committed reference run (the train CLI's layout: the final adapter, and ``sft/``)
 REFERENCE_RUN = project_root() / "data" / "runs" / "reference"
@@ -212,3 +212,90 @@ def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dic
         f"learning rate {best['learning_rate']:g} at step {best['step']} ({100 * best['pass_at_1']:.1f} %)"
         f"{last_kept}; paired by problem, {'; '.join(pairs)}. {verdict}")
     return out
+
+
+# ---------------------------------------------------------------- the fixed test in words (page 3b)
+def fixed_test_table(fixed: dict[str, Any]) -> list[dict[str, Any]]:
+    """``bench/reference_test.py``'s record (``data/reference_test.json``), one row a slice: sampled
+    pass@1 and its paired change, pass@K, entropy, format and greedy accuracy."""
+    k, rows = fixed["samples"], []
+    for s in fixed["slices"]:
+        sm, gr = s["sampled"], s["greedy"]
+        rows.append({"test rows": f"{s['rows'][0]}-{s['rows'][1] - 1}", "n": s["n"],
+                     "pass@1 before %": 100 * sm["before"]["pass_at_1"]["mean"],
+                     "pass@1 after %": 100 * sm["after"]["pass_at_1"]["mean"],
+                     "change (points)": 100 * sm["pass_at_1"]["difference"],
+                     "95 % CI": f"[{100 * sm['pass_at_1']['lo']:+.1f}, {100 * sm['pass_at_1']['hi']:+.1f}]",
+                     "p": sm["pass_at_1"]["p_value"], "up / down": f"{sm['up']} / {sm['down']}",
+                     f"pass@{k} before %": 100 * sm["before"][f"pass_at_{k}"]["mean"],
+                     f"pass@{k} after %": 100 * sm["after"][f"pass_at_{k}"]["mean"],
+                     "entropy before": sm["before"]["entropy"], "entropy after": sm["after"]["entropy"],
+                     "format after %": 100 * sm["after"]["format_rate"],
+                     "greedy before %": 100 * gr["before"], "greedy after %": 100 * gr["after"],
+                     "McNemar p": gr["mcnemar"]["p_value"]})
+    return rows
+
+
+def fixed_test_sentences(fixed: dict[str, Any]) -> dict[str, str]:
+    """The record in short sentences, every direction word from its number: the verdict
+    (``ref_verdict``), each slice (``ref_table``), the transfer (``ref_transfer``), the paired change
+    of pass@K (``ref_passk_change``), the pattern by the rule fixed before the run (``ref_pattern``)
+    and greedy accuracy (``ref_greedy``)."""
+    table, k, verdict = fixed_test_table(fixed), fixed["samples"], fixed["verdict"]
+    # added after the result was seen (the fixed test reports pass@K per model, not paired): the
+    # paired change of pass@K, a problem counted when at least one of its K samples is right
+    passk = [paired_difference([c > 0 for c in s["sampled"]["before"]["right"]],
+                               [c > 0 for c in s["sampled"]["after"]["right"]]) for s in fixed["slices"]]
+    n = len(table)
+    p1_up = sum(t["p"] < ALPHA and t["change (points)"] > 0 for t in table)
+    pk_up = sum(d["lo"] > 0 for d in passk)
+    ent_down = sum(t["entropy after"] < t["entropy before"] for t in table)
+    return {
+        "ref_verdict": ("it passed: sampled pass@1 rose with p < 0.05 on both slices, and the run kept its format"
+                        if verdict["passed"] else
+                        f"it did not pass: pass@1 rose with p < 0.05 on {sum(verdict['rose'])} of "
+                        f"{len(verdict['rose'])} slices, and the format held on {sum(verdict['format_ok'])}"),
+        "ref_table": "; ".join(
+            f"rows {t['test rows']}: pass@1 {t['pass@1 before %']:.1f} → {t['pass@1 after %']:.1f} % "
+            f"({t['change (points)']:+.1f} points, 95 % CI {t['95 % CI']}, p = {t['p']:.2g}), "
+            f"pass@{k} {t[f'pass@{k} before %']:.1f} → {t[f'pass@{k} after %']:.1f} %, entropy "
+            f"{t['entropy before']:.2f} → {t['entropy after']:.2f} nats/token" for t in table),
+        "ref_transfer": "; ".join(
+            f"{name.replace('_', ' ')}: greedy {100 * t['before']:.1f} → {100 * t['after']:.1f} % (n = {t['n']}, "
+            f"McNemar p = {t['mcnemar']['p_value']:.2g}: {reading(t['after'] - t['before'], t['mcnemar']['p_value'])})"
+            for name, t in fixed.get("transfer", {}).items()) or "not run",
+        "ref_passk_change": "; ".join(f"rows {s['rows'][0]}-{s['rows'][1] - 1}: {describe_difference(d)}"
+                                      for s, d in zip(fixed["slices"], passk, strict=True)),
+        "ref_pattern": (f"pass@1 rose significantly on {p1_up} of {n} slices, pass@{k} rose on {pk_up} of {n} "
+                        f"(paired interval above 0) and the entropy fell on {ent_down} of {n}: "
+                        + ("by the rule above, more than sharpening alone, read with the caveat above" if pk_up
+                           else "by the rule above, sharpening")),
+        "ref_greedy": "; ".join(
+            f"on rows {t['test rows']}, {reading(t['greedy after %'] - t['greedy before %'], t['McNemar p'])} "
+            f"({t['greedy before %']:.1f} → {t['greedy after %']:.1f} %, McNemar p = {t['McNemar p']:.2g})"
+            for t in table)}
+
+
+def live_recheck_sentence(live: dict[str, Any], fixed: dict[str, Any], problems: int) -> str:
+    """The page's re-sample of the first ``problems`` of each slice (``reference_tests`` with
+    ``greedy=False``) against the benchmark's samples of the same problems: identical, or how far
+    the live change of pass@1 is from the benchmark's and whether it moved the same way."""
+    same = [ls["sampled"][side]["right"] == fs["sampled"][side]["right"][:problems]
+            for ls, fs in zip(live["slices"], fixed["slices"], strict=True) for side in ("before", "after")]
+    if all(same):
+        return (f"the page sampled the first {problems} problems of each slice again: every problem's "
+                f"right answers match the benchmark's, for both models")
+    k = fixed["samples"]
+    change = lambda sm: (sum(sm["after"]["right"][:problems]) - sum(sm["before"]["right"][:problems])) / (k * problems)
+    mine = [change(ls["sampled"]) for ls in live["slices"]]
+    theirs = [change(fs["sampled"]) for fs in fixed["slices"]]
+    agree = all((a > 0) == (b > 0) for a, b in zip(mine, theirs, strict=True))
+    return (f"the page sampled the first {problems} problems of each slice again and {sum(not s for s in same)} "
+            f"of {len(same)} model-slice pairs differ from the benchmark's counts (this machine samples "
+            f"differently: bf16 against fp32, another CPU, or the run changed since the benchmark). On those "
+            f"problems the live change of pass@1 was " + ", ".join(f"{100 * a:+.1f}" for a in mine)
+            + " points against the benchmark's " + ", ".join(f"{100 * b:+.1f}" for b in theirs)
+            + f", slice by slice: the verdict below is the benchmark's, from its {fixed.get('cpu', 'machine')}; "
+            + ("the live re-check moved the same way on every slice" if agree else
+               "the live re-check did not move the same way on every slice, so on this machine the result "
+               "may differ"))

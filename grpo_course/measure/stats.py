@@ -104,6 +104,14 @@ def linear_trend(values: Sequence[float]) -> dict[str, float]:
     return {"slope": slope, "lo": slope - half, "hi": slope + half, "n": n}
 
 
+def reading(change: float, p: float, alpha: float = 0.05) -> str:
+    """A paired change in plain words, decided by its p: ``rose``, ``fell`` or ``no detectable
+    change`` (at ``alpha``)."""
+    if p >= alpha:
+        return "no detectable change"
+    return "rose" if change > 0 else "fell"
+
+
 def trend_words(values: Sequence[float]) -> str:
     """The direction of a series in words, from :func:`linear_trend`'s slope and 95 % interval:
     ``rose``, ``fell``, or ``showed no detectable trend`` (an interval that holds 0, or fewer than

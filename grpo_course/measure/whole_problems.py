@@ -39,6 +39,7 @@ from grpo_course.measure.evaluate import (
     evaluate_sampled,
     held_out_rows,
 )
+from grpo_course.measure.stats import reading
 
 #: the committed runs (the train CLI's layout: the final adapter, and ``sft/``)
 CURRICULUM_RUN = project_root() / "data" / "runs" / "curriculum"
@@ -174,14 +175,6 @@ def one_line_left(run: str | Path, reference: str | Path, progress: bool = True)
 
 
 # ---- the record in words and tables (chapter 5 reads data/curriculum_test.json through these)
-def reading(change: float, p: float) -> str:
-    """A paired change in plain words, decided by its p: ``rose``, ``fell`` or ``no detectable
-    change`` (at :data:`ALPHA`)."""
-    if p >= ALPHA:
-        return "no detectable change"
-    return "rose" if change > 0 else "fell"
-
-
 def result_rows(tests: dict[str, Any], name: str) -> list[dict[str, Any]]:
     """Tests (a) and (b) of one run (``whole_problem_tests``' record) as table rows: the warm
     start's and the run's value, the change, its interval or the problems gained and lost, p,
@@ -192,13 +185,13 @@ def result_rows(tests: dict[str, Any], name: str) -> list[dict[str, Any]]:
              "warm start %": 100 * g["before"], "run %": 100 * g["after"],
              "change (points)": 100 * (g["after"] - g["before"]),
              "interval or pairs": f"{m['b_only']} gained, {m['a_only']} lost", "p": m["p_value"],
-             "reading": reading(g["after"] - g["before"], m["p_value"])},
+             "reading": reading(g["after"] - g["before"], m["p_value"], ALPHA)},
             {"run": name, "test": f"(b) sampled pass@1, K = {s['after']['samples']}, "
                                   f"rows {s['rows'][0]}-{s['rows'][1] - 1}",
              "warm start %": 100 * d["mean_a"], "run %": 100 * d["mean_b"],
              "change (points)": 100 * d["difference"],
              "interval or pairs": f"95 % CI {100 * d['lo']:+.1f} to {100 * d['hi']:+.1f}",
-             "p": d["p_value"], "reading": reading(d["difference"], d["p_value"])}]
+             "p": d["p_value"], "reading": reading(d["difference"], d["p_value"], ALPHA)}]
 
 
 def verdict_sentence(tests: dict[str, Any], name: str = "the curriculum run") -> str:
