@@ -273,3 +273,11 @@ def test_slowest_cells_name_where_a_page_spends_its_minutes():
              ("eval", 2100, 1900, 29.0)]
     assert bench_memory.slowest_cells(cells, n=2) == [{"cell": "train", "seconds": 60.0, "share": 0.6},
                                                       {"cell": "eval", "seconds": 29.0, "share": 0.29}]
+
+
+def test_the_memory_table_says_when_it_was_measured():
+    ext = _memory_table_extension()
+    results = {"a": {"full": {"date": "2026-11-27 12:59"}, "binder": {"date": "2026-11-25 22:16"}}}
+    assert ext._dates(results) == " Measured between 2026-11-25 and 2026-11-27."
+    assert ext._dates({"a": {"full": {"date": "2026-11-27 12:59"}}}) == " Measured on 2026-11-27."
+    assert ext._dates({"a": {"full": {}}}) == ""

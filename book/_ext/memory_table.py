@@ -57,8 +57,18 @@ class MemoryTable(Directive):
                 f"kernel and the processes it starts (summed, so shared pages count once per "
                 f"process), and wall time, each chapter in a fresh kernel with the course cache as "
                 f"it was: the shared warm start trained before, and evaluations of identical "
-                f"weights reused.")
+                f"weights reused.{_dates(results)} These are not this build's minutes: each page "
+                f"states its own run time at its end.")
         return [_table(header, rows), nodes.paragraph(text=note + " " + _verdict(data, CHAPTER_LIMIT_MIB))]
+
+
+def _dates(results: dict) -> str:
+    """When the entries were measured: `` Measured between <first> and <last>.`` (or one date)."""
+    dates = sorted(str(e["date"])[:10] for r in results.values() for e in r.values() if e.get("date"))
+    if not dates:
+        return ""
+    return f" Measured on {dates[0]}." if dates[0] == dates[-1] else \
+        f" Measured between {dates[0]} and {dates[-1]}."
 
 
 def _describe(machine: dict) -> str:
