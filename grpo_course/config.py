@@ -52,7 +52,48 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """The from-scratch trainer's hyper-parameters (TRL's names where they exist)."""
+    """The from-scratch trainer's hyper-parameters, with TRL's names where TRL has the field. Each
+    field is a flag of ``python -m grpo_course.core.train`` and a key of a YAML recipe; its ``help``
+    is the reference. By topic:
+
+    > The model and its adapters
+        ``model``; LoRA (Hu et al. 2022, arXiv 2106.09685): ``use_lora``, ``lora_r``, ``lora_alpha``,
+        ``lora_dropout``, ``lora_target_modules``.
+
+    > The algorithm (GRPO: Shao et al. 2024, arXiv 2402.03300)
+        ``num_generations`` (G), ``per_step_completions``, ``max_steps``, ``learning_rate``,
+        ``beta`` (the KL weight; 0 as in DAPO and Dr. GRPO), ``epsilon_low`` / ``epsilon_high``
+        (the clip range; DAPO's clip-higher recommends ``epsilon_high=0.28``, Yu et al. 2025, arXiv
+        2503.14476), ``scale_rewards``, ``num_iterations`` (μ), ``max_grad_norm``,
+        ``weight_decay``, ``reward_weights``. ``loss_type`` decides how token losses are averaged,
+        and with it the length bias: ``grpo`` averages each completion's tokens, then the
+        completions, so a token of a short completion weighs more (short right answers are pushed
+        hardest, long wrong ones least: Dr. GRPO, Liu et al. 2025, arXiv 2503.20783); ``bnpo`` and
+        ``dapo`` average over all tokens of the batch or step, every token alike (TRL's default is
+        ``dapo``); ``dr_grpo`` divides the sum by the constant B × ``max_completion_length``.
+
+    > Sampling
+        ``max_completion_length``, ``temperature``, ``top_p``, ``generation_batch_size``.
+
+    > The course's levers (each a field of chapter 3's recipes)
+        DAPO's dynamic sampling (``dynamic_sampling``, ``max_sampling_rounds``,
+        ``dynamic_sampling_reward``) and overlong masking (``mask_truncated_completions``); the
+        prompt order (``prompt_order``: ``easy_first`` is a curriculum, Bengio et al. 2009);
+        the reverse curriculum's start (``lines_left``) and R³'s mix of starts (``start_mix``; Xi
+        et al. 2024, arXiv 2402.05808); the balanced prompt pool (``prompt_pool``,
+        ``pool_prompts``, ``pool_samples``; arXiv 2504.03380).
+
+    > The CPU's precision and memory (the course trainer only)
+        ``sampling_dtype``, ``train_dtype``, ``sft_dtype`` (bf16 where the CPU has it natively),
+        ``train_micro_batch`` (TRL's gradient accumulation), ``gradient_checkpointing``.
+
+    > The supervised warm-up (the course trainer only)
+        ``sft_steps``, ``sft_batch_size``, ``sft_learning_rate``.
+
+    > The run and its logs
+        ``train_offset``, ``seed``, ``save_every``, ``snapshot_every``, ``report_to``;
+        ``log_every`` is read by the TRL bridge only (the course trainer logs every step).
+    """
 
     _argument_group_name = "GRPOConfig (TRL's names; each a flag and a YAML key)"  # for --help
 

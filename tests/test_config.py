@@ -220,3 +220,10 @@ def test_every_profile_but_smoke_gives_ewc_a_step_to_act():
 
     profiles = [*config.FULL_BY_CPU.values(), *(config._binder_profile(f) for f in config.FULL_BY_CPU.values())]
     assert all(p.cl.steps_per_stage >= 2 for p in profiles), [p.cl.steps_per_stage for p in profiles]
+
+
+def test_the_config_docstring_places_every_field_under_a_topic():
+    import dataclasses
+    doc = GRPOConfig.__doc__
+    missing = [f.name for f in dataclasses.fields(GRPOConfig) if f"``{f.name}``" not in doc]
+    assert not missing, f"GRPOConfig's docstring names no topic for {missing}"
