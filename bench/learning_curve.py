@@ -59,9 +59,23 @@ MAY_DIFFER = ("learning_rate", "max_steps", "log_every", "save_every", "snapshot
               "report_to", "profile", "lines_left", "start_mix", "max_completion_length")
 
 
+def final_step(run: Path) -> int | None:
+    """The step of the finished adapter at the top of ``run`` (a shipped run, ``data/runs/<name>``,
+    keeps no snapshots): its ``run.json``'s GRPO steps, else its config's ``max_steps``; ``None``
+    where the top holds no adapter."""
+    if not (run / "adapter_config.json").is_file():
+        return None
+    if (run / "run.json").is_file():
+        return json.loads((run / "run.json").read_text()).get("grpo_steps")
+    return (load_run_config(run) or {}).get("max_steps")
+
+
 def snapshot(run: Path, step: int) -> Path:
-    """The adapter folder of ``run`` at GRPO step ``step`` (0: the warm start, ``sft/``)."""
+    """The adapter folder of ``run`` at GRPO step ``step`` (0: the warm start, ``sft/``; the last
+    step: the finished adapter at the top, where no snapshot holds it)."""
     folder = run / "sft" if step == 0 else run / SNAPSHOTS / str(step)
+    if step and not (folder / "adapter_config.json").is_file() and step == final_step(run):
+        folder = run
     if not (folder / "adapter_config.json").is_file():
         kept = sorted(int(p.name) for p in (run / SNAPSHOTS).glob("*") if p.name.isdigit())
         raise ConfigError(f"--steps {step}: {run} has no adapter at that step (kept: 0 and "
@@ -92,7 +106,7 @@ def kept_steps(run: Path, steps: list[int]) -> dict[int, Path]:
     """The adapters of ``run`` at those of ``steps`` it kept (step 0, its warm start, always); a
     :class:`ConfigError` naming the steps it kept where it kept none of the later ones asked."""
     folders = {s: snapshot(run, s) for s in steps
-               if s == 0 or (run / SNAPSHOTS / str(s) / "adapter_config.json").is_file()}
+               if s == 0 or s == final_step(run) or (run / SNAPSHOTS / str(s) / "adapter_config.json").is_file()}
     if len(folders) == 1 and len(steps) > 1:
         snapshot(run, steps[1])         # raises, naming the steps it kept
     if len(folders) < len(steps):

@@ -367,3 +367,14 @@ def test_the_fixed_tests_words_come_from_the_shipped_record():
     text = live_recheck_sentence(moved, fixed, 4)
     assert "1 of 4 model-slice pairs differ" in text or "pairs differ" in text
     assert "the verdict below is the benchmark's" in text
+
+
+def test_a_shipped_run_is_tested_at_its_final_step(tmp_path):
+    """A run exported to data/runs/ keeps no snapshots: its final adapter, at the top, is its last
+    step (run.json's grpo_steps), so the learning curve can set it beside a run that kept some."""
+    bench = _bench("learning_curve")
+    _curve_run(tmp_path / "r", 3e-4)
+    (tmp_path / "r" / "adapter_config.json").write_text("{}")      # the final adapter at the top
+    (tmp_path / "r" / "run.json").write_text(json.dumps({"grpo_steps": 60}))
+    assert bench.kept_steps(tmp_path / "r", [0, 20, 60]) == {
+        0: tmp_path / "r" / "sft", 20: tmp_path / "r" / "steps" / "20", 60: tmp_path / "r"}
