@@ -172,10 +172,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
             sampled_funcs.append(per_func)
             lengths.append(batch.completion_lengths.float())
             truncated.append(batch.truncated.float())
-            # each group's start (R3's mix); none where the rows carry no start of their own
-            names = start_names(rows) if cfg.start_mix else []
-            if names and len(names) != len(rows["question"]):
-                raise ConfigError("a start_mix step's rows need their start and lines_left columns")
+            names = start_names(rows) if cfg.start_mix else []     # each group's start (R3's mix)
             starts_sampled += names
             if not cfg.dynamic_sampling:
                 kept.append((batch, rewards, per_func.get("correctness")))
@@ -190,8 +187,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                 rows_taken, correct = take.repeat_interleave(G), per_func.get("correctness")
                 kept.append((batch.select_groups(take), rewards[rows_taken],
                              None if correct is None else correct[rows_taken]))
-                if names:
-                    starts_kept += [n for n, t in zip(names, take.tolist(), strict=True) if t]
+                starts_kept += [n for n, t in zip(names, take.tolist(), strict=False) if t]
             if room - int(take.sum()) == 0 or rounds == cfg.max_sampling_rounds:
                 break
             rows = self._next_rows(cfg.prompts_per_round)
