@@ -185,8 +185,9 @@ def test_masked_truncated_completions_add_no_loss():
     # 2 new tokens: the random tiny model almost never stops, so (nearly) every completion is cut
     masked = _trainer(max_completion_length=2, mask_truncated_completions=True)
     plain = _trainer(max_completion_length=2)
-    batch, rewards, _ = masked._generate_and_score_completions(masked._rows(0, 2))
-    assert batch.truncated.all()
+    inputs = masked._generate_and_score_completions(masked._rows(0, 2))
+    assert inputs["sampled"]["clipped_ratio"] == 1.0                 # every completion cut...
+    assert inputs["completion_mask"].sum() == 0                      # ...so the loss counts none
     rm, rp = masked.step(masked._rows(0, 2)), plain.step(plain._rows(0, 2))
     assert rm["loss"] == 0.0 and rm["grad_norm"] == 0.0
     assert rp["grad_norm"] > 0.0
@@ -200,16 +201,16 @@ def test_bf16_training_pass_matches_fp32_within_tolerance():
     results = {}
     for dtype in ("float32", "bfloat16"):
         trainer = _trainer(train_dtype=dtype)
-        batch, rewards, _ = trainer._generate_and_score_completions(trainer._rows(0, 2))
-        from grpo_course.core.grpo import group_advantages, grpo_loss
+        inputs = trainer._generate_and_score_completions(trainer._rows(0, 2))
+        from grpo_course.core.grpo import grpo_loss
         from grpo_course.core.precision import frozen_linear_weights_as
-        adv = group_advantages(rewards, 2)
         bf16 = dtype == "bfloat16"
         with frozen_linear_weights_as(trainer.model, torch.bfloat16 if bf16 else None), \
                 torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logps = per_token_logps(trainer.model, batch.prompt_ids, batch.prompt_mask,
-                                    batch.completion_ids, batch.completion_mask)
-            loss, _ = grpo_loss(logps, batch.sampling_logps, adv, batch.completion_mask)
+            logps = per_token_logps(trainer.model, inputs["prompt_ids"], inputs["prompt_mask"],
+                                    inputs["completion_ids"], inputs["completion_mask"])
+            loss, _ = grpo_loss(logps, inputs["sampling_per_token_logps"], inputs["advantages"],
+                                inputs["completion_mask"])
         loss.backward()
         grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters()
                            if p.requires_grad])

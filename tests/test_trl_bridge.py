@@ -404,3 +404,22 @@ def test_trl_default_rows_name_trl_116_defaults_and_the_bridge_changes(tmp_path)
     assert rows["beta"] == {"field": "beta", "trl_default": 0.0, "bridge": 0.0, "changed": False,
                             "why": ""}
     assert all(r["why"] for r in rows.values() if r["changed"])
+
+
+def test_the_step_data_flow_table_lines_up_trls_names_with_the_course_trainers():
+    """Issue 85: one inputs dict from _generate_and_score_completions to compute_loss(model,
+    inputs), with TRL's keys; chapter 4 reads this table from both trainers' code."""
+    from trl import GRPOTrainer
+
+    from grpo_course.core.train import CourseTrainer
+    from grpo_course.topics.trl_bridge import data_flow_rows
+
+    rows = data_flow_rows(GRPOTrainer, CourseTrainer)
+    methods = {r["course"].split("(")[0]: r for r in rows if r["what"] == "method"}
+    assert methods["compute_loss"]["course"].startswith("compute_loss(self, model, inputs")
+    assert methods["compute_loss"]["TRL"].startswith("compute_loss(self, model, inputs")
+    shared = [r["course"] for r in rows if r["what"] == "inputs key"]
+    assert {"prompt_ids", "completion_ids", "completion_mask", "advantages",
+            "old_per_token_logps", "ref_per_token_logps"} <= set(shared)
+    course_only = next(r["course"] for r in rows if r["what"] == "inputs keys of the course only")
+    assert "groups_to_train" in course_only and "advantages" not in course_only

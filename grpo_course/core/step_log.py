@@ -12,16 +12,16 @@ from grpo_course.core.grpo import zero_std_groups
 from grpo_course.core.rewards import EXACT_REWARD, correct_completions, correct_mixed_groups
 
 
-def step_log(step: int, updates: list[dict[str, Any]], info: dict[str, Any], rewards: torch.Tensor,
-             trained: torch.Tensor, completion_mask: torch.Tensor, G: int, bf16: bool,
+def step_log(step: int, updates: list[dict[str, Any]], inputs: dict[str, Any], G: int, bf16: bool,
              start: float, sampled: float, end: float | None = None) -> dict[str, Any]:
     """The row of GRPO step ``step``: the updates' metrics averaged, what every sampled completion
-    scored (``info`` from ``_generate_and_score_completions``), the training batch's ``rewards``
-    and ``trained`` groups, and the step's times (``time.perf_counter()`` at its start, after
-    sampling and, by default, now)."""
+    scored (``inputs["sampled"]``, from ``_generate_and_score_completions``), the training batch's
+    ``rewards`` and ``groups_to_train``, and the step's times (``time.perf_counter()`` at its
+    start, after sampling and, by default, now)."""
+    info, rewards, trained = inputs["sampled"], inputs["rewards"], inputs["groups_to_train"]
     metrics = {k: float(sum(u[k] for u in updates) / len(updates)) for k in updates[0] if k != "skipped"}
     seconds = (time.perf_counter() if end is None else end) - start
-    n_tokens = int(completion_mask.sum())
+    n_tokens = inputs["sampled_tokens"]
     n_groups = info["prompts_sampled"]
     informative = n_groups - round(info["frac_reward_zero_std"] * n_groups)
     all_rewards = info["rewards"]

@@ -1,11 +1,13 @@
 """The from-scratch GRPO trainer: sample -> reward -> advantages -> loss -> step.
 
 :class:`CourseTrainer` strings together :mod:`~grpo_course.core.sampling`, :mod:`~grpo_course.core.rewards`
-and :mod:`~grpo_course.core.grpo` with TRL's names. :meth:`~CourseTrainer.step` reads in the algorithm's
-order: sample and score G completions per prompt (:meth:`~CourseTrainer._generate_and_score_completions`,
-resampling with ``dynamic_sampling``), advantages, ``num_iterations`` updates of the clipped loss
-(:meth:`~CourseTrainer.compute_loss` per forward/backward pass), the log row
-(:func:`~grpo_course.core.step_log.step_log`); the CPU devices sit in named helpers beside it. LoRA by
+and :mod:`~grpo_course.core.grpo` with TRL's names and TRL's data flow. :meth:`~CourseTrainer.step` reads
+in the algorithm's order: :meth:`~CourseTrainer._generate_and_score_completions` samples and scores G
+completions per prompt (resampling with ``dynamic_sampling``) and returns one ``inputs`` dict with TRL's
+keys (completions, masks, advantages, old and reference log-probs); :meth:`~CourseTrainer._prepare_inputs`
+splits it into forward/backward passes; ``num_iterations`` updates each run
+:meth:`~CourseTrainer.compute_loss` ``(model, inputs)`` per pass; then the log row
+(:func:`~grpo_course.core.step_log.step_log`). The CPU devices sit in named helpers beside it. LoRA by
 default; no reference model when ``beta == 0`` (else the same weights, adapter off). A sampler at the
 policy's precision gives the ``old_per_token_logps``; one in bf16 (TRL's choice when each batch is
 used once) leaves the policy's own, detached (ratio 1), and logs the gap as ``sampler_logp_gap``.
@@ -147,12 +149,12 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         (:func:`grpo_course.core.data.start_prompts`)."""
         return start_prompts(rows, self.tokenizer, lines_left=self.config.lines_left)
 
-    def _generate_and_score_completions(self, rows: dict[str, list]):
-        """Sample G completions per prompt of ``rows`` and score them. With ``dynamic_sampling``
-        (DAPO) groups whose rewards (``dynamic_sampling_reward``'s, if named) tie are set aside
-        and ``prompts_per_round`` more prompts sampled, up to ``max_sampling_rounds`` rounds, until
-        the step holds ``prompts_per_step`` informative groups. Returns the training batch, its
-        rewards, and what every sampled completion scored, with the sampling counts."""
+    def _generate_and_score_completions(self, rows: dict[str, list]) -> dict[str, Any]:
+        """Sample G completions per prompt of ``rows``, score them, and return TRL's ``inputs``:
+        what :meth:`compute_loss` reads (:meth:`_inputs`). With ``dynamic_sampling`` (DAPO)
+        groups whose rewards (``dynamic_sampling_reward``'s, if named) tie are set aside and
+        ``prompts_per_round`` more prompts sampled, up to ``max_sampling_rounds`` rounds, until the
+        step holds ``prompts_per_step`` informative groups."""
         cfg, G = self.config, self.config.num_generations
         need = len(rows["question"]) if cfg.generation_batch_size is None else cfg.prompts_per_step
         kept, sampled_rewards, sampled_funcs, prompts_sampled, rounds = [], [], [], 0, 0
@@ -205,35 +207,66 @@ class CourseTrainer(SFTWarmup, TrainingRun):
             info["starts"] = {"sampled": starts_sampled, "batch": starts_kept}
         correct = {"correctness": torch.cat([c for _, _, c in kept])} if "correctness" in per_func else {}
         info["trained_correct_mixed"] = correct_mixed_groups(correct, G)   # of the trained groups
-        return concat_batches([b for b, _, _ in kept]), torch.cat([r for _, r, _ in kept]), info
+        return self._inputs(concat_batches([b for b, _, _ in kept]), torch.cat([r for _, r, _ in kept]), info)
+
+    def _inputs(self, batch, rewards: torch.Tensor, info: dict[str, Any]) -> dict[str, Any]:
+        """TRL's ``inputs`` of one step, with TRL's keys: the prompts (one row per group: its G
+        completions share it), the completions and the mask the loss counts, the group-relative
+        ``advantages``, the sampler's log-probs, and the ``old_per_token_logps`` and
+        ``ref_per_token_logps`` where they are needed. Beside them: the groups the updates
+        pass through the model, the batch's ``rewards``, and what every sampled completion
+        scored (``sampled``, for the log row)."""
+        cfg = self.config
+        inputs = {"prompt_ids": batch.prompt_ids, "prompt_mask": batch.prompt_mask,     # [P, Lp]
+                  "completion_ids": batch.completion_ids,                            # [P*G, T]
+                  "completion_mask": self._loss_mask(batch),
+                  "advantages": group_advantages(rewards, cfg.num_generations, cfg.scale_rewards),
+                  "sampling_per_token_logps": batch.sampling_logps,
+                  # the sampler's, where it drew at the training pass's precision; else None:
+                  # the first update's forward gives the policy's own (TRL's choice, no extra pass)
+                  "old_per_token_logps": batch.sampling_logps
+                  if reuses_sampler_logps(self._train_in_bf16(), batch.sampling_dtype) else None,
+                  "ref_per_token_logps": None,
+                  "groups_to_train": self._groups_to_train(rewards),
+                  "rewards": rewards, "sampled": info,
+                  "sampled_tokens": int(batch.completion_mask.sum())}
+        if cfg.beta != 0.0 and inputs["groups_to_train"].any():
+            inputs["ref_per_token_logps"] = self._ref_per_token_logps(inputs)
+        return inputs
+
+    def _ref_per_token_logps(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """The reference policy's log-probs of the completions (beta > 0): the same weights with
+        the adapter off, in the training pass's model state and attention, without a graph."""
+        with self._phase("logprobs"), self._training_pass(), torch.no_grad(), \
+                adapter_disabled(self.model), self.training_attention():
+            return per_token_logps(self.model, inputs["prompt_ids"], inputs["prompt_mask"],
+                                   inputs["completion_ids"], inputs["completion_mask"],
+                                   self.config.temperature)
 
     def _train_in_bf16(self) -> bool:
         """Whether the GRPO training pass runs under bf16 autocast (``train_dtype``, resolved)."""
         return resolve_sampling_dtype(self.config.train_dtype) == torch.bfloat16
 
     def step(self, rows: dict[str, list] | None = None) -> dict[str, Any]:
-        """One GRPO step, in the algorithm's order: sample and score G completions per prompt,
-        group-relative advantages, ``num_iterations`` updates of the clipped loss, the log row.
-        ``rows`` (columns ``question``, ``answer``, ...) are the step's prompts; by default the
-        next ones in ``prompt_order``."""
-        cfg, G = self.config, self.config.num_generations
+        """One GRPO step, in the algorithm's order: sample and score G completions per prompt with
+        their group-relative advantages (TRL's ``inputs``), ``num_iterations`` updates of the
+        clipped loss over them, the log row. ``rows`` (columns ``question``, ``answer``, ...) are
+        the step's prompts; by default the next ones in ``prompt_order``."""
+        cfg = self.config
         trim_heap()                     # low-memory mode only: what the last step freed goes back
         start = time.perf_counter()
         if rows is None:
             rows = self._next_rows(cfg.prompts_per_round if cfg.dynamic_sampling else cfg.prompts_per_step)
-        batch, rewards, info = self._generate_and_score_completions(rows)      # 1. sample, score
+        inputs = self._generate_and_score_completions(rows)     # 1. sample, score, advantages
         sampled = time.perf_counter()
-        advantages = group_advantages(rewards, G, cfg.scale_rewards)            # 2. advantages
-        mask = self._loss_mask(batch)
-        trained = self._groups_to_train(rewards)
-        updates, old = [], None
-        with self._training_pass():                                            # 3. the updates
+        micro_batches = self._prepare_inputs(inputs)            # 2. the forward/backward passes
+        updates = []
+        with self._training_pass():                             # 3. the updates
             for _ in range(cfg.num_iterations):
-                metrics, old = self._update(batch, mask, advantages, trained, old)
-                updates.append(metrics)
+                updates.append(self._update(inputs, micro_batches))
                 trim_heap()             # low-memory mode only: the update's freed blocks go back
-        row = step_log(self.global_step, updates, info, rewards, trained, batch.completion_mask,
-                       G, self._train_in_bf16(), start, sampled)                # 4. the log row
+        row = step_log(self.global_step, updates, inputs, cfg.num_generations,   # 4. the log row
+                       self._train_in_bf16(), start, sampled)
         self.global_step += 1
         return row
 
@@ -264,48 +297,51 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         with frozen_linear_weights_as(self.model, torch.bfloat16 if bf16 else None):
             yield
 
-    def _passes(self, trained: torch.Tensor) -> list[torch.Tensor]:
-        """The trained groups in forward/backward passes of ``train_micro_batch // G`` groups (at
-        least one; all at once by default): one pass's activations in memory at a time."""
-        groups = trained.nonzero().squeeze(1)
-        micro = self.config.train_micro_batch
-        per_pass = len(groups) if micro is None else micro // self.config.num_generations
-        return list(groups.split(max(per_pass, 1))) if len(groups) else []
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> list[dict[str, Any]]:
+        """The trained groups of ``inputs`` split into the forward/backward passes of
+        ``train_micro_batch // G`` groups each (at least one; all at once by default), as TRL
+        splits its generation batch: one pass's activations in memory at a time. Each pass
+        holds its rows of the inputs, cut to its longest completion, and ``loss_scale``, its
+        share of the whole batch's loss (TRL's ``num_items_in_batch``; groups left out count 0)."""
+        G, micro = self.config.num_generations, self.config.train_micro_batch
+        groups = inputs["groups_to_train"].nonzero().squeeze(1)
+        per_pass = len(groups) if micro is None else micro // G
+        passes = []
+        for chunk in (groups.split(max(per_pass, 1)) if len(groups) else []):
+            in_pass = torch.zeros_like(inputs["groups_to_train"])
+            in_pass[chunk] = True
+            rows = in_pass.repeat_interleave(G)
+            T = max(int(inputs["completion_mask"][rows].sum(1).max()), 1)
+            micro = {key: inputs[key][in_pass] for key in ("prompt_ids", "prompt_mask")}
+            micro.update({key: None if inputs[key] is None else inputs[key][rows, :T]
+                          for key in ("completion_ids", "completion_mask", "sampling_per_token_logps",
+                                      "old_per_token_logps", "ref_per_token_logps")})
+            micro["advantages"] = inputs["advantages"][rows]
+            micro["loss_scale"] = dropped_groups_scale(self.config.loss_type, rows, inputs["completion_mask"])
+            passes.append(micro)
+        return passes
 
-    def _update(self, batch, mask, advantages, trained, old):
-        """One optimizer update on the ``trained`` groups of ``batch``: each pass's loss
-        (:meth:`compute_loss`) and backward, the metrics over the passes (``pass_means``), the
-        penalty, the optimizer step. Returns its metrics and the ``old_per_token_logps`` for the
-        batch's later updates (one tensor per pass)."""
+    def _update(self, inputs: dict[str, Any], micro_batches: list[dict[str, Any]]) -> dict[str, Any]:
+        """One optimizer update: :meth:`compute_loss` and its backward for each pass of
+        ``micro_batches``, the metrics over the passes (``pass_means``), the penalty, the
+        optimizer step. Returns its metrics."""
         cfg, bf16 = self.config, self._train_in_bf16()
         metrics: dict[str, Any] = {"kl": 0.0, "entropy": float("nan"), "loss": 0.0,
                                    "clip_ratio/low_mean": 0.0, "clip_ratio/high_mean": 0.0,
                                    "clip_ratio/region_mean": 0.0}
-        loss = ref = None
-        with self._phase("logprobs"):
-            if cfg.beta != 0.0 and trained.any():
-                with torch.no_grad(), adapter_disabled(self.model), self.training_attention():
-                    ref = per_token_logps(self.model, batch.prompt_ids, batch.prompt_mask,
-                                          batch.completion_ids, mask, cfg.temperature)
+        loss = None
+        self._metrics: dict[str, float] = {}      # the passes' token sums (TRL's self._metrics)
         # (the CPU kernels stay on through the backward: activation checkpointing recomputes there)
         with self._phase("forward_backward"), self._cpu_kernels(bf16):
-            passes = self._passes(trained)
-            olds = old if old is not None else [None] * len(passes)
-            old, sums = [], {}
-            for chunk, chunk_old in zip(passes, olds, strict=True):
-                in_pass = torch.zeros_like(trained)
-                in_pass[chunk] = True
-                part, chunk_old, part_sums = self.compute_loss(batch, mask, advantages, in_pass,
-                                                               chunk_old, ref, bf16)
+            for micro_batch in micro_batches:
+                part = self.compute_loss(self.model, micro_batch)
                 if part.requires_grad:
                     part.backward()
-                old.append(chunk_old)
-                for name, value in part_sums.items():
-                    sums[name] = sums.get(name, 0.0) + value
-            if passes:
-                rows_trained = trained.repeat_interleave(cfg.num_generations)
-                metrics.update(pass_means(sums, cfg.loss_type, rows_trained, mask))
-                loss = torch.tensor(sums["loss"])
+            if micro_batches:
+                rows_trained = inputs["groups_to_train"].repeat_interleave(cfg.num_generations)
+                metrics.update(pass_means(self._metrics, cfg.loss_type, rows_trained,
+                                          inputs["completion_mask"]))
+                loss = torch.tensor(self._metrics["loss"])
             if self.penalty is not None:
                 extra = self.penalty(self.model)
                 metrics["penalty"] = float(extra.detach())
@@ -317,39 +353,35 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         with self._phase("optimizer"):
             metrics["grad_norm"] = self._optimizer_step()
         metrics["skipped"] = loss is None
-        return metrics, old
+        return metrics
 
-    def compute_loss(self, batch, mask, advantages, in_pass, old, ref, bf16: bool):
-        """The loss of one forward/backward pass over the groups ``in_pass``, weighed by its share
-        of the batch (TRL's ``compute_loss``; :meth:`_update` runs its backward). Returns it, the
-        pass's ``old_per_token_logps`` and its sums: the weighed loss, the real tokens, and the
-        token sums of the entropy, the sampler's log-prob gap and the loss's metrics."""
-        cfg, G = self.config, self.config.num_generations
-        rows = in_pass.repeat_interleave(G)
-        T = max(int(batch.completion_mask[rows].sum(1).max()), 1)
-        sub_mask = mask[rows][:, :T]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logps, entropy = per_token_logps(self.model, batch.prompt_ids[in_pass],
-                                             batch.prompt_mask[in_pass],
-                                             batch.completion_ids[rows, :T], sub_mask,
-                                             cfg.temperature, return_entropy=True)
-        sampler_logps = batch.sampling_logps[rows, :T]
-        if old is None:
-            # the sampler's log-probs, where it sampled at the training pass's precision; else
-            # the policy's own, before this batch's first update
-            old = sampler_logps if reuses_sampler_logps(bf16, batch.sampling_dtype) else logps.detach()
-        part, part_metrics = grpo_loss(
-            logps, old, advantages[rows], sub_mask,
-            ref_per_token_logps=None if ref is None else ref[rows, :T],
+    def compute_loss(self, model, inputs: dict[str, Any]) -> torch.Tensor:
+        """The loss of one forward/backward pass (``inputs``: one of :meth:`_prepare_inputs`),
+        weighed by its share of the batch, as TRL's ``compute_loss``; :meth:`_update` runs its
+        backward. Adds the pass's token sums to ``self._metrics``: the weighed loss, the real
+        tokens, the entropy, the sampler's log-prob gap and the loss's metrics."""
+        cfg, mask = self.config, inputs["completion_mask"]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self._train_in_bf16()):
+            logps, entropy = per_token_logps(model, inputs["prompt_ids"], inputs["prompt_mask"],
+                                             inputs["completion_ids"], mask, cfg.temperature,
+                                             return_entropy=True)
+        if inputs["old_per_token_logps"] is None:
+            # the policy before this batch's first update: kept for the batch's later updates
+            inputs["old_per_token_logps"] = logps.detach()
+        loss, loss_metrics = grpo_loss(
+            logps, inputs["old_per_token_logps"], inputs["advantages"], mask,
+            ref_per_token_logps=inputs["ref_per_token_logps"],
             beta=cfg.beta, epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
             loss_type=cfg.loss_type, max_completion_length=cfg.max_completion_length)
-        part = part * dropped_groups_scale(cfg.loss_type, rows, mask)
-        n_tok = float(sub_mask.sum())
-        gap = (logps.detach() - sampler_logps).abs() * sub_mask
-        sums = {"loss": float(part.detach()), "tokens": n_tok,
-                "entropy": float((entropy * sub_mask).sum()), "sampler_logp_gap": float(gap.sum())}
-        sums.update({k: v * n_tok for k, v in part_metrics.items() if k != "policy_loss"})
-        return part, old, sums
+        loss = loss * inputs["loss_scale"]
+        n_tok = float(mask.sum())
+        gap = (logps.detach() - inputs["sampling_per_token_logps"]).abs() * mask
+        sums = {"loss": float(loss.detach()), "tokens": n_tok,
+                "entropy": float((entropy * mask).sum()), "sampler_logp_gap": float(gap.sum())}
+        sums.update({k: v * n_tok for k, v in loss_metrics.items() if k != "policy_loss"})
+        for name, value in sums.items():
+            self._metrics[name] = self._metrics.get(name, 0.0) + value
+        return loss
 
     def _optimizer_step(self) -> float:
         """Clip the gradient's norm and take one optimizer step (a skipped backward is a zero

@@ -253,6 +253,44 @@ def mapping_rows(cfg: GRPOConfig, trl_cfg=None) -> list[dict[str, Any]]:
     return rows
 
 
+#: one GRPO step, in TRL's methods and the course trainer's, in the order they run
+STEP_METHODS = ("_generate_and_score_completions", "_prepare_inputs", "compute_loss", "_compute_loss")
+
+
+def _dict_keys(source: str, name: str) -> list[str]:
+    """The string keys a function's source puts into the dict ``name`` (``name = {"k": ...}``
+    and ``name["k"] = ...``), in order of appearance."""
+    import re
+
+    start = source.rfind(f"{name} = {{")
+    literal = source[start:source.index("}", start)] if start >= 0 else ""
+    keys = re.findall(r'"(\w+)":', literal) + re.findall(rf'{name}\["(\w+)"\] =', source)
+    return list(dict.fromkeys(keys))
+
+
+def data_flow_rows(trl_trainer_cls, course_trainer_cls) -> list[dict[str, Any]]:
+    """The step's data flow side by side, read from both trainers' code: each method of
+    :data:`STEP_METHODS` with its signature in each (``-`` where a trainer has none), then the
+    keys of the ``inputs`` dict that ``_generate_and_score_completions`` returns: one row per key
+    both hold, then one row each for the keys only TRL holds (images, tools, vLLM) and those only
+    the course holds (what its log row reads)."""
+    import inspect
+
+    def signature(cls, name: str) -> str:
+        return f"{name}{inspect.signature(getattr(cls, name))}" if hasattr(cls, name) else "-"
+
+    rows = [{"what": "method", "TRL": signature(trl_trainer_cls, m),
+             "course": signature(course_trainer_cls, m)} for m in STEP_METHODS]
+    trl_keys = _dict_keys(inspect.getsource(trl_trainer_cls._generate_and_score_completions), "output")
+    course_keys = _dict_keys(inspect.getsource(course_trainer_cls._inputs), "inputs")
+    rows += [{"what": "inputs key", "TRL": key, "course": key} for key in trl_keys if key in course_keys]
+    rows.append({"what": "inputs keys of TRL only",
+                 "TRL": ", ".join(k for k in trl_keys if k not in course_keys) or "-", "course": "-"})
+    rows.append({"what": "inputs keys of the course only", "TRL": "-",
+                 "course": ", ".join(k for k in course_keys if k not in trl_keys) or "-"})
+    return rows
+
+
 # ---------------------------------------------------------------- data and rewards
 def trl_dataset(split: str = "train", n: int | None = None, offset: int = 0,
                 data_dir: str | None = None, system_prompt: str | None = None):
