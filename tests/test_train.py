@@ -225,6 +225,20 @@ def test_bf16_training_pass_matches_fp32_within_tolerance():
     assert row["train_dtype"] == "bfloat16" and not row["skipped"]
 
 
+@pytest.mark.heavy
+def test_a_bf16_training_pass_with_a_kl_penalty_scores_the_reference_in_bf16():
+    """The reference's log-probs ran without autocast against the step's bf16 copies of the
+    frozen weights (an fp32 warm-up, a bf16 training pass, beta > 0): a dtype error. Now they
+    run at the pass's precision, the same whether the frozen base is held in bf16 or copied."""
+    rows = {}
+    for sft_dtype in ("float32", "bfloat16"):
+        trainer = _trainer(train_dtype="bfloat16", sampling_dtype="bfloat16", sft_dtype=sft_dtype,
+                           beta=0.02, num_iterations=2)
+        rows[sft_dtype] = [trainer.step() for _ in range(2)]
+    assert all(0.0 <= r["kl"] < 1.0 for r in rows["float32"])
+    assert [r["kl"] for r in rows["float32"]] == pytest.approx([r["kl"] for r in rows["bfloat16"]], rel=1e-3)
+
+
 # ---------------------------------------------------------------- attribution
 def test_train_saves_the_warm_up_adapter(tmp_path):
     trainer = _trainer(sft_steps=1, sft_batch_size=2, max_steps=1)

@@ -236,9 +236,13 @@ class CourseTrainer(SFTWarmup, TrainingRun):
 
     def _ref_per_token_logps(self, inputs: dict[str, Any]) -> torch.Tensor:
         """The reference policy's log-probs of the completions (beta > 0): the same weights with
-        the adapter off, in the training pass's model state and attention, without a graph."""
+        the adapter off, in the training pass's model state, attention and precision (bf16
+        autocast where the pass runs in bf16: its frozen weights are bf16 copies), without a
+        graph."""
+        bf16 = self._train_in_bf16()
         with self._phase("logprobs"), self._training_pass(), torch.no_grad(), \
-                adapter_disabled(self.model), self.training_attention():
+                adapter_disabled(self.model), self.training_attention(), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             return per_token_logps(self.model, inputs["prompt_ids"], inputs["prompt_mask"],
                                    inputs["completion_ids"], inputs["completion_mask"],
                                    self.config.temperature)
