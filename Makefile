@@ -160,7 +160,7 @@ book-check: model
 	rm -rf $$cache
 
 # Publishing (an instructor's fork): point the book at the fork once with
-#   python -m grpo_course.book.publish --repository-url https://github.com/<you>/<fork>
+#   python tools/publish.py --repository-url https://github.com/<you>/<fork>
 # then `make book`, then `make publish`, and push with the command it prints.
 # BOOK_ROOT / BOOK_BUILD: the book's sources and its build (make test publishes its smoke book)
 BOOK_ROOT ?= .
@@ -169,13 +169,13 @@ publish: install
 	@test -f $(BOOK_BUILD)/html/index.html || { echo "no built book in $(BOOK_BUILD)/html: run make book first"; exit 1; }
 	touch $(BOOK_BUILD)/html/.nojekyll        # GitHub Pages: serve _static/ and _images/ as they are
 	# the Colab edition (MyST -> CommonMark, the book run's values): colab/ beside html/ and in the site
-	$(BIN)/python -m grpo_course.book.colab --root $(BOOK_ROOT) --build $(BOOK_BUILD)
+	$(BIN)/python tools/colab.py --root $(BOOK_ROOT) --build $(BOOK_BUILD)
 	echo "$(BOOK_BUILD)/html is ready. Publish it on the gh-pages branch with:"
 	echo "  $(BIN)/ghp-import -n -p -f $(BOOK_BUILD)/html"
 
 # Student versions for an instructor: solutions removed, stubs kept, checks graded (nbgrader metadata)
 assignments: install
-	$(BIN)/python -m grpo_course.book.assignments --out _build/assignments
+	$(BIN)/python tools/assignments.py --out _build/assignments
 
 bench: model
 	# the sampler against transformers' generate and llama.cpp (built here once from PyPI: the

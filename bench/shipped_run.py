@@ -27,7 +27,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.book.colab import ColabError, head_commit
 from grpo_course.config import RECIPES_DIR, ConfigError
 from grpo_course.core.checkpoints import POOL_FILE
 from grpo_course.core.pool import pool_record
@@ -45,10 +44,10 @@ STARTED = "started.json"          # in the work folder: the commit and time of t
 
 def commit() -> str:
     """This checkout's commit (with ``-dirty`` when tracked files differ from it)."""
-    try:
-        head = head_commit(ROOT)
-    except ColabError:
+    out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if out.returncode != 0:
         return "unknown"
+    head = out.stdout.strip()
     dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
     return head + ("-dirty" if dirty else "")
 

@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from grpo_course.book.assignments import SOLUTION_MARKERS, assignment, build, graded_check, main, plain_prose
+from tools.assignments import SOLUTION_MARKERS, assignment, build, graded_check, main, plain_prose
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
@@ -135,7 +135,7 @@ def test_bad_folders_get_one_line_and_exit_2(tmp_path, capsys):
 
 
 def test_the_command_line_writes_the_folder(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "grpo_course.book.assignments", "--out",
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "assignments.py"), "--out",
                           str(tmp_path / "a")], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert len(list((tmp_path / "a").glob("0*.ipynb"))) == 8

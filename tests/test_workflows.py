@@ -49,7 +49,7 @@ def test_the_book_workflow_builds_with_the_readme_targets_and_deploys_to_pages()
         assert target in readme and target in commands, target
     assert commands.index("make book") < commands.index("make publish")
     # the repository URL is set once, by the course's own command, before the build
-    (setting,) = [c for c in commands if "grpo_course.book.publish" in c]
+    (setting,) = [c for c in commands if "tools/publish.py" in c]
     assert "--repository-url" in setting and "github.repository" in setting
     assert commands.index(setting) < commands.index("make book")
     uses = [step["uses"].split("@")[0] for step in steps(book) if "uses" in step]

@@ -1,3 +1,3 @@
-"""The book's own tooling, out of the algorithm's way: numbers glued into the prose, figures, the
-coding exercises and their checks, quizzes, the step check, the Colab edition, publishing and the
-student versions."""
+"""What the chapters import to present their results: numbers glued into the prose, result boxes,
+figures, the coding exercises and their checks, quizzes, the step check. The book's build tools
+(the Colab edition, publishing, the student versions) are in the checkout's ``tools/``."""

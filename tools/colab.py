@@ -19,9 +19,9 @@ except the first, the Colab install cell (:func:`install_cell`): the edition's i
 at the commit the edition was built from, so its code and its prose cannot drift apart.
 ``make publish`` writes the edition to ``_build/colab/`` from the executed chapters of ``make
 book`` and copies it into the site (``_build/html/colab/``), where each chapter's Colab badge
-points (:func:`grpo_course.book.publish.colab_link`)::
+points (``tools/publish.py``'s ``colab_link``)::
 
-    python -m grpo_course.book.colab --build _build
+    python tools/colab.py --build _build
 """
 from __future__ import annotations
 
@@ -37,9 +37,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
-from grpo_course.book.publish import github_repo, repository
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:         # run as a script (python tools/<name>.py): the checkout's package
+    sys.path.insert(0, str(ROOT))
+
 from grpo_course.infra.atomic import write_text_atomic
 from grpo_course.infra.errors import CourseError, OneLineArgumentParser, report
+from tools.publish import github_repo, repository
 
 TERM_TARGET = re.compile(r"^(.*?)\s*<([^<>]+)>\s*$", re.S)
 FENCE = re.compile(r"^(?P<fence>`{3,}|:{3,})\s*\{(?P<name>[\w:-]+)\}\s*(?P<arg>.*)$")
@@ -376,7 +380,7 @@ def write_edition(root: Path, build: Path, notify: Callable[[str], None] = print
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineArgumentParser(prog="python -m grpo_course.book.colab",
+    parser = OneLineArgumentParser(prog="python tools/colab.py",
                                    description="Write the Colab edition of the executed book.")
     parser.add_argument("--root", default=".", help="the book's folder (default: here)")
     parser.add_argument("--build", default="_build", help="make book's output folder")

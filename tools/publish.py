@@ -5,7 +5,7 @@ Colab badge of every chapter and its Colab install cell carry it too (a notebook
 Colab cannot read ``_config.yml``), so :func:`set_repository` rewrites all of them at once and
 ``tests/test_publish.py`` checks that they agree::
 
-    python -m grpo_course.book.publish --repository-url https://github.com/you/your-fork
+    python tools/publish.py --repository-url https://github.com/you/your-fork
     make book && make publish        # then push _build/html with the printed ghp-import command
 
 ``.github/workflows/book.yml`` does the same on GitHub (the URL of the repository it runs in, then
@@ -18,6 +18,10 @@ import sys
 from pathlib import Path
 
 import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:         # run as a script (python tools/<name>.py): the checkout's package
+    sys.path.insert(0, str(ROOT))
 
 from grpo_course.infra.atomic import write_text_atomic
 from grpo_course.infra.errors import CourseError, OneLineArgumentParser, report
@@ -51,7 +55,7 @@ PAGES_BRANCH = "gh-pages"
 
 
 def colab_link(url: str, notebook: str) -> str:
-    """The Colab address of ``notebook``'s Colab edition (:mod:`grpo_course.book.colab`), published
+    """The Colab address of ``notebook``'s Colab edition (``tools/colab.py``), published
     with the site on the Pages branch of the repository at ``url``."""
     return (f"https://colab.research.google.com/github/{github_repo(url)}/blob/{PAGES_BRANCH}/"
             f"colab/{notebook}")
@@ -79,7 +83,7 @@ def set_repository(root: Path, new_url: str) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = OneLineArgumentParser(prog="python -m grpo_course.book.publish",
+    parser = OneLineArgumentParser(prog="python tools/publish.py",
                                    description="Point the book at your fork's repository URL.")
     parser.add_argument("--repository-url", required=True,
                         help="https://github.com/<owner>/<repo> of the fork to publish")

@@ -1,7 +1,7 @@
 """Exercises-only student notebooks for an instructor who grades them (``make assignments``).
 
-    python -m grpo_course.book.assignments                 # -> _build/assignments/0N_<topic>.ipynb
-    python -m grpo_course.book.assignments --out DIR
+    python tools/assignments.py                 # -> _build/assignments/0N_<topic>.ipynb
+    python tools/assignments.py --out DIR
 
 Each chapter's coding exercises are a ``### Coding exercise`` prose cell and three cells tagged
 ``exercise`` (the stub), ``check`` and ``solution`` (a closed solution after the check). The
@@ -22,10 +22,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:         # run as a script (python tools/<name>.py): the checkout's package
+    sys.path.insert(0, str(ROOT))
+
 from grpo_course.infra.atomic import write_text_atomic
 from grpo_course.infra.errors import OneLineArgumentParser, report
 
-ROOT = Path(__file__).resolve().parents[2]
 COURSE = "GRPO on a CPU"
 
 # The imports a stub and its solution may use without importing them (as tests/test_notebook_exercises
