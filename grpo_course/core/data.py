@@ -249,11 +249,7 @@ def gold_starts(dataset, lines_left: int | None, strata: Iterable[str] | None = 
         keep.append(i)
         starts.append(start)
         left.append(len(work_lines(row["solution"])) if lines_left is None else lines_left)
-    out = dataset.select(keep)
-    for name in ("start", "lines_left"):
-        if name in out.column_names:
-            out = out.remove_columns(name)
-    return out.add_column("start", starts).add_column("lines_left", left)
+    return _with_columns(dataset.select(keep), {"start": starts, "lines_left": left})
 
 
 def mixed_starts(dataset, starts: list[int | None]):
@@ -278,11 +274,16 @@ def mixed_starts(dataset, starts: list[int | None]):
             texts.append(start)
             left.append(len(work_lines(row["solution"])) if start == "" else k)
             problem.append(i)
-    out = dataset.select(keep)
-    for name in ("start", "lines_left", "problem"):
-        if name in out.column_names:
-            out = out.remove_columns(name)
-    return out.add_column("start", texts).add_column("lines_left", left).add_column("problem", problem)
+    return _with_columns(dataset.select(keep), {"start": texts, "lines_left": left, "problem": problem})
+
+
+def _with_columns(dataset, columns: dict[str, list]):
+    """``dataset`` with ``columns`` added, each replacing a column of its name."""
+    for name, values in columns.items():
+        if name in dataset.column_names:
+            dataset = dataset.remove_columns(name)
+        dataset = dataset.add_column(name, values)
+    return dataset
 
 
 def start_names(rows: dict[str, list]) -> list[str]:

@@ -97,15 +97,8 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate,
                                            weight_decay=config.weight_decay)
-        self.order = torch.randperm(len(train_dataset),
-                                    generator=torch.Generator().manual_seed(config.seed)).tolist()
-        # GRPO's prompts: the problems (at lines_left's start), or with start_mix every (problem,
-        # start) pair, shuffled into one order; the warm-up draws problems from self.order either way
-        self.grpo_dataset = mixed_starts(train_dataset, config.starts) if config.start_mix \
-            else train_dataset
-        grpo_order = self.order if not config.start_mix else torch.randperm(
-            len(self.grpo_dataset), generator=torch.Generator().manual_seed(config.seed)).tolist()
-        self.prompt_order = prompt_order(self.grpo_dataset, grpo_order, config.prompt_order)
+        self.order = self._shuffled(len(train_dataset))      # the warm-up draws its problems here
+        self.grpo_dataset, self.prompt_order = self._grpo_prompts(train_dataset)
         self.global_step = 0        # GRPO steps done
         self.sft_done = 0           # SFT steps done
         self.prompts_used = 0       # GRPO prompts drawn so far (dynamic sampling draws extra)
@@ -117,6 +110,20 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         self._mark_step_boundary()
 
     # ------------------------------------------------------------ helpers
+    def _shuffled(self, n: int) -> list[int]:
+        """``0 .. n - 1`` shuffled by the config's seed (the same order on every resume)."""
+        return torch.randperm(n, generator=torch.Generator().manual_seed(self.config.seed)).tolist()
+
+    def _grpo_prompts(self, train_dataset) -> tuple[Any, list[int]]:
+        """GRPO's prompts and their order (``prompt_order``'s rule): the problems, at
+        ``lines_left``'s start, in the warm-up's shuffle; or with ``start_mix`` every (problem,
+        start) pair (R3's mix, :func:`~grpo_course.core.data.mixed_starts`) in one shuffle."""
+        cfg = self.config
+        if not cfg.start_mix:
+            return train_dataset, prompt_order(train_dataset, self.order, cfg.prompt_order)
+        pairs = mixed_starts(train_dataset, cfg.starts)
+        return pairs, prompt_order(pairs, self._shuffled(len(pairs)), cfg.prompt_order)
+
     def _phase(self, name: str):
         return self.timer.phase(name) if self.timer is not None else contextlib.nullcontext()
 

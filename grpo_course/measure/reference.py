@@ -57,21 +57,29 @@ def sampled_test(before: str, after: str, rows, samples: int = SAMPLES,
     return {"before": a.summary(), "after": b.summary(), **compare_sampled(a, b)}
 
 
+def greedy_answers(folder: str, rows, max_new_tokens: int, progress: bool = True):
+    """Greedy answers of the model ``folder`` (an adapter folder or a model name) to ``rows``,
+    cached block by block; the model is let go before it returns (one in memory at a time)."""
+    model, tok = load_model(folder)
+    result = evaluate_model(model, tok, rows, max_new_tokens=max_new_tokens, name=folder,
+                            progress=progress, cache=True)
+    del model
+    free_memory()
+    return result
+
+
+def greedy_summary(a, b) -> dict[str, Any]:
+    """Two models' greedy results on the same rows: accuracy, format rate, McNemar's exact test."""
+    return {"n": a.n, "before": a.accuracy, "after": b.accuracy,
+            "format_before": a.format_rate, "format_after": b.format_rate,
+            "mcnemar": paired_mcnemar(a, b, "correct")}
+
+
 def greedy_test(before: str, after: str, rows, lines_left: int | None,
                 progress: bool = True) -> dict[str, Any]:
     """Both models' greedy accuracy on ``rows`` (cached), and McNemar's exact test."""
     budget = START_BUDGETS.get(lines_left, get_profile("full").eval.max_new_tokens)
-    results = []
-    for name in (before, after):
-        model, tok = load_model(name)
-        results.append(evaluate_model(model, tok, rows, max_new_tokens=budget, name=name,
-                                      progress=progress, cache=True))
-        del model
-        free_memory()
-    a, b = results
-    return {"n": a.n, "before": a.accuracy, "after": b.accuracy,
-            "format_before": a.format_rate, "format_after": b.format_rate,
-            "mcnemar": paired_mcnemar(a, b, "correct")}
+    return greedy_summary(*(greedy_answers(name, rows, budget, progress) for name in (before, after)))
 
 
 def primary_verdict(slices: list[dict[str, Any]]) -> dict[str, Any]:

@@ -25,20 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from grpo_course.config import START_BUDGETS
-from grpo_course.core.loading import load_model
 from grpo_course.core.sampling import resolve_sampling_dtype
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.fingerprint import code_fingerprint, data_hash, file_hash
-from grpo_course.infra.memory import free_memory
 from grpo_course.infra.paths import keyed_cache_file, project_root, read_cached
-from grpo_course.measure.attribution import chance_baseline, paired_mcnemar, phase_changes
+from grpo_course.measure.attribution import chance_baseline, phase_changes
 from grpo_course.measure.evaluate import (
     SampledResult,
     compare_sampled,
-    evaluate_model,
     evaluate_sampled,
     held_out_rows,
 )
+from grpo_course.measure.reference import greedy_answers, greedy_summary
 from grpo_course.measure.stats import reading
 
 #: the committed runs (the train CLI's layout: the final adapter, and ``sft/``)
@@ -107,21 +105,14 @@ def cached_samples(folder: str | Path, rows, samples: int, max_new_tokens: int, 
 
 
 def greedy(folder: str | Path, rows, lines_left: int | None = None, progress: bool = True):
-    """Greedy answers of the adapter in ``folder`` to ``rows`` (cached block by block)."""
-    model, tok = load_model(str(folder))
-    result = evaluate_model(model, tok, rows, max_new_tokens=budget(lines_left), name=str(folder),
-                            progress=progress, cache=True)
-    del model
-    free_memory()
-    return result
+    """Greedy answers of the adapter in ``folder`` to ``rows`` at the start's budget (cached)."""
+    return greedy_answers(str(folder), rows, budget(lines_left), progress)
 
 
 def greedy_test(before, after, rows, progress: bool = True) -> dict[str, Any]:
     """(a): both models' greedy accuracy on ``rows``, McNemar's test, and what the answers do."""
     a, b = greedy(before, rows, progress=progress), greedy(after, rows, progress=progress)
-    return {"n": a.n, "before": a.accuracy, "after": b.accuracy,
-            "format_before": a.format_rate, "format_after": b.format_rate,
-            "mcnemar": paired_mcnemar(a, b, "correct"), "answers": phase_changes(a, b, rows)}
+    return {**greedy_summary(a, b), "answers": phase_changes(a, b, rows)}
 
 
 def sampled_test(before, after, rows, samples: int, seed: int, lines_left: int | None = None,
