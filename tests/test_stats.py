@@ -128,3 +128,18 @@ def test_trend_words_come_from_the_slopes_interval():
     assert trend_words([2.12, 1.5, 0.9, 0.32]) == "fell"
     assert trend_words([1.0, 1.5, 0.9, 1.2, 1.1]) == "showed no detectable trend"
     assert trend_words([1.76, 1.53]) == "showed no detectable trend"      # two points: no interval
+
+
+def test_interval_reading_and_difference_reading_follow_the_interval_and_p():
+    from grpo_course.measure.stats import difference_reading, interval_reading, paired_difference
+
+    assert interval_reading(0.1, 0.4) == "rose"
+    assert interval_reading(-0.4, -0.1) == "fell"
+    assert interval_reading(-0.1, 0.4) == "no detectable change"
+    up = paired_difference([0, 0, 0, 0, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0])
+    assert difference_reading(up).startswith("rose, p = ")
+    flat = paired_difference([0, 1, 0, 1], [1, 0, 0, 1])
+    assert difference_reading(flat).startswith("no detectable change")
+    same = paired_difference([0, 0], [1, 1])                   # no spread: the t-test cannot judge
+    assert difference_reading(same) == "the same change on every problem: no spread to test"
+    assert difference_reading(paired_difference([1, 0], [1, 0])) == "no change"

@@ -112,6 +112,21 @@ def reading(change: float, p: float, alpha: float = 0.05) -> str:
     return "rose" if change > 0 else "fell"
 
 
+def interval_reading(lo: float, hi: float) -> str:
+    """A change in plain words, decided by its 95 % interval: ``rose`` where it lies above 0,
+    ``fell`` where below, else ``no detectable change``."""
+    return "rose" if lo > 0 else "fell" if hi < 0 else "no detectable change"
+
+
+def difference_reading(d: dict[str, float]) -> str:
+    """A :func:`paired_difference` in words with its p (``rose, p = 0.003 (paired by problem)``).
+    Where every problem moved by the same amount there is no spread to test (two problems on
+    the smoke profile), and the words say so."""
+    if d["lo"] == d["hi"]:
+        return "the same change on every problem: no spread to test" if d["difference"] else "no change"
+    return f"{reading(d['difference'], d['p_value'])}, p = {d['p_value']:.2g} (paired by problem)"
+
+
 def trend_words(values: Sequence[float]) -> str:
     """The direction of a series in words, from :func:`linear_trend`'s slope and 95 % interval:
     ``rose``, ``fell``, or ``showed no detectable trend`` (an interval that holds 0, or fewer than
