@@ -238,7 +238,7 @@ def test_the_step_reads_like_the_algorithm():
              for n in sorted((n for n in ast.walk(step) if isinstance(n, ast.Call)
                               and isinstance(n.func, (ast.Attribute, ast.Name))),
                              key=lambda n: (n.lineno, n.col_offset))]
-    order = ["_generate_and_score_completions", "_prepare_inputs", "_training_pass", "_update", "step_log"]
+    order = ["_generate_and_score_completions", "_training_pass", "_prepare_inputs", "_update", "step_log"]
     assert [c for c in calls if c in order] == order
     devices = {"frozen_linear_weights_as", "norms_cast_once", "course_attention", "autocast",
                "low_memory", "repeat_interleave", "zero_std_groups", "nonzero", "split"}

@@ -219,8 +219,8 @@ class CourseTrainer(SFTWarmup, TrainingRun):
     def _inputs(self, batch, rewards: torch.Tensor, info: dict[str, Any]) -> dict[str, Any]:
         """TRL's ``inputs`` of one step, with TRL's keys: the prompts (one row per group: its G
         completions share it), the completions and the mask the loss counts, the group-relative
-        ``advantages``, the sampler's log-probs, and the ``old_per_token_logps`` and
-        ``ref_per_token_logps`` where they are needed. Beside them: the groups the updates
+        ``advantages``, the sampler's log-probs, and the ``old_per_token_logps`` where they are
+        needed (``ref_per_token_logps``: :meth:`_prepare_inputs` fills it). Beside them: the groups the updates
         pass through the model, the batch's ``rewards``, and what every sampled completion
         scored (``sampled``, for the log row)."""
         cfg = self.config
@@ -237,8 +237,6 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                   "groups_to_train": self._groups_to_train(rewards),
                   "rewards": rewards, "sampled": info,
                   "sampled_tokens": int(batch.completion_mask.sum())}
-        if cfg.beta != 0.0 and inputs["groups_to_train"].any():
-            inputs["ref_per_token_logps"] = self._ref_per_token_logps(inputs)
         return inputs
 
     def _ref_per_token_logps(self, inputs: dict[str, Any]) -> torch.Tensor:
@@ -247,7 +245,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         autocast where the pass runs in bf16: its frozen weights are bf16 copies), without a
         graph."""
         bf16 = self._train_in_bf16()
-        with self._phase("logprobs"), self._training_pass(), torch.no_grad(), \
+        with self._phase("logprobs"), torch.no_grad(), \
                 adapter_disabled(self.model), self.training_attention(), \
                 torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             return per_token_logps(self.model, inputs["prompt_ids"], inputs["prompt_mask"],
@@ -270,10 +268,10 @@ class CourseTrainer(SFTWarmup, TrainingRun):
             rows = self._next_rows(cfg.prompts_per_round if cfg.dynamic_sampling else cfg.prompts_per_step)
         inputs = self._generate_and_score_completions(rows)     # 1. sample, score, advantages
         sampled = time.perf_counter()
-        micro_batches = self._prepare_inputs(inputs)            # 2. the forward/backward passes
         updates = []
-        with self._training_pass():                             # 3. the updates
-            for _ in range(cfg.num_iterations):
+        with self._training_pass():     # one model state (and one set of bf16 copies) for 2 and 3
+            micro_batches = self._prepare_inputs(inputs)        # 2. reference, the passes
+            for _ in range(cfg.num_iterations):                 # 3. the updates
                 updates.append(self._update(inputs, micro_batches))
                 trim_heap()             # low-memory mode only: the update's freed blocks go back
         row = step_log(self.global_step, updates, inputs, cfg.num_generations,   # 4. the log row
@@ -309,12 +307,16 @@ class CourseTrainer(SFTWarmup, TrainingRun):
             yield
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> list[dict[str, Any]]:
-        """The trained groups of ``inputs`` split into the forward/backward passes of
+        """With beta > 0, the reference's log-probs into ``inputs`` first (inside the step's
+        :meth:`_training_pass`, as TRL's ``_prepare_inputs`` computes them before it splits).
+        Then the trained groups of ``inputs`` split into the forward/backward passes of
         ``train_micro_batch // G`` groups each (at least one; all at once by default), as TRL
         splits its generation batch: one pass's activations in memory at a time. Each pass
         holds its rows of the inputs, cut to its longest completion, and ``loss_scale``, its
         share of the whole batch's loss (TRL's ``num_items_in_batch``; groups left out count 0)."""
         G, micro = self.config.num_generations, self.config.train_micro_batch
+        if self.config.beta != 0.0 and inputs["groups_to_train"].any():
+            inputs["ref_per_token_logps"] = self._ref_per_token_logps(inputs)
         groups = inputs["groups_to_train"].nonzero().squeeze(1)
         per_pass = len(groups) if micro is None else micro // G
         passes = []
