@@ -307,3 +307,23 @@ def test_a_bf16_point_is_measured_against_the_bf16_peak():
     point = decode_point(1000, tokens=64, decode_steps=2, seconds=1e-6, dtype="bfloat16")
     assert point.peak(limits) == 400.0 and decode_point(1000, 64, 2, 1e-6).peak(limits) == 100.0
     assert point.peak(Limits(gflops=100.0, bandwidth=20.0)) == 100.0   # bf16 not measured
+
+
+def test_band_word_reads_a_ratio_within_the_level_band_as_level():
+    words = ("level", "ahead", "behind")
+    assert prof.band_word(1.0, *words) == "level"
+    assert prof.band_word(1 + prof.LEVEL_BAND / 2, *words) == "level"
+    assert prof.band_word(1 - prof.LEVEL_BAND / 2, *words) == "level"
+    assert prof.band_word(1 + 2 * prof.LEVEL_BAND, *words) == "ahead"
+    assert prof.band_word(1 - 2 * prof.LEVEL_BAND, *words) == "behind"
+    assert prof._against(1.95, "TRL") == "ahead of TRL (1.95×)"
+
+
+def test_against_repeats_reads_a_difference_only_beyond_the_repeats_spread():
+    read = lambda runs, other: prof.against_repeats("It took", runs, other, "s", ".1f")
+    assert read([1.0, 1.2], 1.3).endswith("within the spread of LoRA's two runs, so these runs show no difference")
+    assert read([1.0, 1.2], 2.0).endswith("higher than both LoRA runs by more than their spread")
+    assert read([1.0, 1.2], 0.5).endswith("lower than both LoRA runs by more than their spread")
+    assert read([1.0], 2.0).endswith("(one run each: no repeat to size the noise)")
+    assert read([1.0, 1.2], float("nan")).endswith("full fine-tuning was not run on this profile")
+    assert read([1.0, 1.2], 2.0).startswith("It took 1.0 s and 1.2 s with LoRA (the same step, run twice")

@@ -474,11 +474,35 @@ def sampler_table(record: dict) -> pd.DataFrame:
 LEVEL_BAND = 0.10
 
 
+def band_word(ratio: float, level: str, above: str, below: str) -> str:
+    """The words for a ratio of two timings: ``level`` within :data:`LEVEL_BAND` of 1, else
+    ``above`` (ratio > 1) or ``below``."""
+    return level if abs(ratio - 1) < LEVEL_BAND else above if ratio > 1 else below
+
+
 def _against(ratio: float, peer: str) -> str:
     """"ahead of <peer> (1.95×)", "behind <peer> (0.80×)" or, within :data:`LEVEL_BAND`,
     "level with <peer> (1.03×)"."""
-    word = "level with" if abs(ratio - 1) < LEVEL_BAND else "ahead of" if ratio > 1 else "behind"
-    return f"{word} {peer} ({ratio:.2f}×)"
+    return f"{band_word(ratio, 'level with', 'ahead of', 'behind')} {peer} ({ratio:.2f}×)"
+
+
+def against_repeats(what: str, runs: list[float], other: float, unit: str, fmt: str,
+                    names: tuple[str, str] = ("LoRA", "full fine-tuning")) -> str:
+    """A sentence reading one run of a second setting (``other``, NaN where not run) against one
+    or two runs of the first (``runs``): a difference is read only beyond the spread of the
+    first setting's two runs, and with one run the sentence says there is no repeat to size
+    the noise."""
+    text = f"{what} " + " and ".join(f"{v:{fmt}} {unit}" for v in runs) + f" with {names[0]}"
+    text += " (the same step, run twice on this page)" if len(runs) == 2 else ""
+    if other != other:                   # NaN: the second setting was not run (the profile)
+        return text + f"; {names[1]} was not run on this profile"
+    text += f" and {other:{fmt}} {unit} with {names[1]}"
+    if len(runs) < 2:
+        return text + " (one run each: no repeat to size the noise)"
+    spread = max(runs) - min(runs)
+    if min(runs) - spread <= other <= max(runs) + spread:
+        return text + f": within the spread of {names[0]}'s two runs, so these runs show no difference"
+    return text + f": {'higher' if other > max(runs) else 'lower'} than both {names[0]} runs by more than their spread"
 
 
 def sampler_sentence(record: dict) -> str:
