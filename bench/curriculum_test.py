@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         quiet_loading()
-        out = {"bench": "curriculum_test", **bench_facts(), "design": DESIGN,
+        out = {"bench": "curriculum_test", **bench_facts(), "date": time.strftime("%Y-%m-%d"), "design": DESIGN,
                "run": whole_problem_tests(run), "reference": whole_problem_tests(reference),
                "one_line_left": one_line_left(run, reference)}
     except (ValueError, RuntimeError, OSError) as exc:

@@ -452,6 +452,8 @@ class CurriculumSizes:
     budgets: tuple[int, ...] = (64, 112, 200)    # greedy budget at each start (1, 2 lines, whole)
     fisher_prompts: int = 8                      # stage-1 problems for the Fisher
     lam: float = 1e4                             # EWC strength
+    live_problems: int = 16                      # the curriculum run's sampled test (b): first rows
+                                                 # sampled again live, a multiple of 4 (0: none)
 
 
 @dataclass(frozen=True)
@@ -634,7 +636,7 @@ PROFILES: dict[str, Profile] = {
         ref=ReferenceSizes(live_problems=4),
         trl=TRLSizes(max_steps=1, eval_n=8, ddp_steps=1),
         cl=CurriculumSizes(steps_per_stage=1, max_completion_length=16, stage_problems=4, eval_n=4,
-                           budgets=(16, 16, 24), fisher_prompts=2),
+                           budgets=(16, 16, 24), fisher_prompts=2, live_problems=4),
         quant=QuantSizes(agreement_prompts=2, torchao_prompts=1, last_k=8, batch_sizes=(1,),
                          decode_tokens=6, torchao_batch_sizes=(1,), torchao_decode_tokens=2,
                          eval_n=4, policy_steps=1),
@@ -711,6 +713,7 @@ def _binder_profile(full: Profile) -> Profile:
                                  "max_completion_length": 8, "generation_batch_size": None}),
         short=replace(full.short, per_step_completions=4),
         ref=replace(full.ref, live_problems=0),
+        cl=replace(full.cl, live_problems=0),
         low_memory=True)
 
 
@@ -738,7 +741,7 @@ def _compact_profile(full: Profile) -> Profile:
                       slices=tuple((lo, lo + 16) for lo, _ in full.start.slices)),
         ref=replace(full.ref, live_problems=4),
         trl=replace(full.trl, max_steps=3, eval_n=64),
-        cl=replace(full.cl, steps_per_stage=2, eval_n=16),
+        cl=replace(full.cl, steps_per_stage=2, eval_n=16, live_problems=8),
         quant=replace(full.quant, eval_n=48, policy_steps=4),   # no longer than chapter 3's run
         prof=replace(full.prof, steps=1, threads=(1, 2, 4), scaling_length=16, lever_generations=(2, 4),
                      lever_lengths=(32, 64)))

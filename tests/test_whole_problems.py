@@ -62,3 +62,43 @@ def test_the_record_reads_in_words_from_its_numbers():
     fell = _record(before=0.03, after=0.01, p_greedy=0.001)
     assert wp.result_rows(fell, "x")[0]["reading"] == "fell"
     assert "passed the test" in wp.verdict_sentence(_record(p_sampled=0.01, diff=0.01, lo=0.002))
+
+
+def test_start_table_counts_each_start_and_its_right_share_early_and_late():
+    rows = [{"starts/whole/groups": 2, "starts/whole/correct": 0.0, "starts/whole/trained": 1,
+             "starts/1/groups": 2, "starts/1/correct": 0.25, "starts/1/trained": 2}] * 4 \
+        + [{"starts/whole/groups": 1, "starts/whole/correct": 0.5, "starts/whole/trained": 1}] * 4
+    table = {r["start"]: r for r in wp.start_table(rows, ["whole", "1", "2"], G=8)}
+    assert table["whole"]["groups sampled"] == 12 and table["whole"]["groups trained"] == 8
+    assert table["whole"]["right %, first 2 steps"] == 0.0 and table["whole"]["right %, last 2 steps"] == 50.0
+    assert table["1"]["right %, first 2 steps"] == 25.0
+    assert table["1"]["right %, last 2 steps"] != table["1"]["right %, last 2 steps"]   # NaN: never sampled late
+    assert table["2"]["groups sampled"] == 0
+
+
+def test_the_live_recheck_needs_whole_sampling_blocks():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        wp.live_recheck("data/runs/curriculum", 6)
+
+
+def test_the_live_recheck_sentence_says_match_or_how_far_it_is():
+    bench = {"sampled": {"before": {"right": [0, 1, 0, 0, 2]}, "after": {"right": [1, 1, 0, 0, 0]}}}
+    same = {"before": {"right": [0, 1, 0, 0]}, "after": {"right": [1, 1, 0, 0]}}
+    assert "match the benchmark's, for both models" in wp.live_recheck_sentence(same, bench, "AMD EPYC")
+    other = {"before": {"right": [0, 0, 0, 0]}, "after": {"right": [1, 1, 0, 0]}}
+    text = wp.live_recheck_sentence(other, bench, "AMD EPYC")
+    assert "the counts of before differ" in text and "+12.5 points against the benchmark's +6.2" in text
+    assert text.endswith("moved the same way here")
+
+
+def test_the_answers_sentence_puts_the_chance_baseline_beside_the_answers():
+    side = lambda share, eq, earned: {"right_equation_share": share, "equations_per_problem": eq,
+                                      "earned": earned}
+    tests = {"greedy": {"n": 1319, "before": 0.01, "after": 0.02, "format_before": 0.9, "format_after": 0.99,
+                        "mcnemar": {"b_only": 20, "a_only": 7, "p_value": 0.019},
+                        "answers": {"a": side(0.5, 2.0, 10), "b": side(None, 0.0, 12)}},
+             "chance": {"uniform_guess_accuracy": 0.012}}
+    text = wp.answers_sentence(tests)
+    assert "1.0 → 2.0 % (n = 1319; 20 problems gained, 7 lost, McNemar p = 0.019)" in text
+    assert "right equations per answer 1.00 → 0.00" in text and "arithmetic 10 → 12" in text
+    assert text.endswith("at random would score 1.2 %")

@@ -28,6 +28,7 @@ from grpo_course.config import START_BUDGETS
 from grpo_course.core.sampling import resolve_sampling_dtype
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.fingerprint import code_fingerprint, data_hash, file_hash
+from grpo_course.infra.memory import free_memory
 from grpo_course.infra.paths import keyed_cache_file, project_root, read_cached
 from grpo_course.measure.attribution import chance_baseline, phase_changes
 from grpo_course.measure.evaluate import (
@@ -197,3 +198,78 @@ def verdict_sentence(tests: dict[str, Any], name: str = "the curriculum run") ->
                                     (f"the format rate fell below {MIN_FORMAT:.0%}", v["format_ok"]))
               if not ok]
     return f"{name} did not pass the test fixed before it trained: {'; '.join(failed)}"
+
+
+# ---- chapter 5's reading of the run: its starts during training, and the live re-check
+def start_table(rows: list[dict[str, Any]], starts: list[str], G: int) -> list[dict[str, Any]]:
+    """Each start of a mixed run, from its GRPO rows (``metrics.jsonl``): the groups sampled and
+    trained, and the share of right answers among the completions sampled at that start over the
+    first and the last quarter of the steps (training prompts drawn again and again from the pool:
+    what the run practised, not a held-out test)."""
+    quarter = max(1, len(rows) // 4)
+
+    def right_share(name: str, part: list[dict[str, Any]]) -> float:
+        groups = sum(r.get(f"starts/{name}/groups", 0) for r in part)
+        right = sum(r.get(f"starts/{name}/correct", 0.0) * r.get(f"starts/{name}/groups", 0) for r in part)
+        return 100 * right / groups if groups else float("nan")
+
+    return [{"start": name,
+             "groups sampled": sum(r.get(f"starts/{name}/groups", 0) for r in rows),
+             "groups trained": sum(r.get(f"starts/{name}/trained", 0) for r in rows),
+             f"right %, first {quarter} steps": right_share(name, rows[:quarter]),
+             f"right %, last {quarter} steps": right_share(name, rows[-quarter:]),
+             "completions per group": G} for name in starts]
+
+
+def live_recheck(run: str | Path, problems: int, progress: bool = True) -> dict[str, Any]:
+    """Test (b) again, now: its first ``problems`` rows (whole sampling blocks), the run's warm
+    start and the run, with the bench's seed and blocks, so that the same kind of machine draws
+    the same answers. One model in memory at a time."""
+    if problems <= 0 or problems % BATCH_PROMPTS:
+        raise ValueError(f"problems={problems}: must be a positive multiple of {BATCH_PROMPTS} "
+                         f"(whole sampling blocks, so the seeds match the bench's)")
+    run = Path(run)
+    lo, _ = SAMPLED_ROWS
+    rows = held_out_rows("test", problems, lo)
+    out = {}
+    for side, folder in (("before", run / "sft"), ("after", run)):
+        out[side] = evaluate_sampled(str(folder), rows, SAMPLES, budget(), temperature=TEMPERATURE,
+                                     seed=SEED, batch_prompts=BATCH_PROMPTS, sampling_dtype="auto",
+                                     progress=progress).summary()
+        free_memory()
+    return out
+
+
+def live_recheck_sentence(live: dict[str, Any], tests: dict[str, Any], cpu: str) -> str:
+    """The page's re-sample (:func:`live_recheck`) against the bench's samples of the same
+    problems: identical, or how far the live change of pass@1 is from the bench's."""
+    problems = len(live["after"]["right"])
+    bench = tests["sampled"]
+    differ = [side for side in ("before", "after") if live[side]["right"] != bench[side]["right"][:problems]]
+    if not differ:
+        return (f"the page sampled the first {problems} problems of test (b) again: every problem's right "
+                f"answers match the benchmark's, for both models")
+    change = lambda rec: (sum(rec["after"]["right"][:problems])
+                          - sum(rec["before"]["right"][:problems])) / (SAMPLES * problems)
+    mine, theirs = change(live), change(bench)
+    return (f"the page sampled the first {problems} problems of test (b) again, and the counts of "
+            f"{' and '.join(differ)} differ from the benchmark's (this machine samples differently: "
+            f"bf16 against fp32, another CPU, or the run changed since the benchmark); on those problems "
+            f"the live change of pass@1 was {100 * mine:+.1f} points against the benchmark's "
+            f"{100 * theirs:+.1f}: the verdict below is the benchmark's, from its {cpu}, and it "
+            + ("moved the same way here" if (mine > 0) == (theirs > 0) else "did not move the same way here"))
+
+
+def answers_sentence(tests: dict[str, Any]) -> str:
+    """What the run's greedy answers do on whole problems, beside the chance baseline: problems
+    gained and lost, format, right equations per answer, answers earned by right arithmetic
+    (:func:`~grpo_course.measure.attribution.phase_changes`), and what a guesser would score."""
+    g, chance = tests["greedy"], tests["chance"]
+    m, a, b = g["mcnemar"], g["answers"]["a"], g["answers"]["b"]
+    per_answer = lambda side: (side["right_equation_share"] or 0.0) * side["equations_per_problem"]
+    return (f"greedy accuracy {100 * g['before']:.1f} → {100 * g['after']:.1f} % (n = {g['n']}; "
+            f"{m['b_only']} problems gained, {m['a_only']} lost, McNemar p = {m['p_value']:.2g}); "
+            f"format {100 * g['format_before']:.0f} → {100 * g['format_after']:.0f} %; right equations "
+            f"per answer {per_answer(a):.2f} → {per_answer(b):.2f}; right answers earned by right "
+            f"arithmetic {a['earned']} → {b['earned']}; a guesser that combines two numbers of the "
+            f"question at random would score {100 * chance['uniform_guess_accuracy']:.1f} %")
