@@ -45,7 +45,7 @@ def built(tmp_path_factory) -> list[Path]:
 
 
 def test_an_exercises_only_notebook_per_page_with_stubs_and_graded_checks(built):
-    assert [p.name for p in built] == [c.name for c in CHAPTERS] and len(built) == 8
+    assert [p.name for p in built] == [c.name for c in CHAPTERS] and len(built) == 10
     for path, chapter in zip(built, CHAPTERS, strict=True):
         nb = nbformat.read(path, as_version=4)
         nbformat.validate(nb)
@@ -138,7 +138,7 @@ def test_the_command_line_writes_the_folder(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "assignments.py"), "--out",
                           str(tmp_path / "a")], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert len(list((tmp_path / "a").glob("0*.ipynb"))) == 8
+    assert len(list((tmp_path / "a").glob("0*.ipynb"))) == 10
 
 
 def _grade(path: Path, solved: list[str] | None = None) -> tuple[nbformat.NotebookNode, float]:

@@ -134,4 +134,4 @@ def test_the_normalization_catches_the_answers_issue_56_found():
 
 
 def test_every_chapter_is_checked():
-    assert len(NOTEBOOKS) == 8 and len({ex["notebook"] for ex in ALL}) == 8 and len(ALL) >= 16
+    assert len(NOTEBOOKS) == 10 and len({ex["notebook"] for ex in ALL}) == 10 and len(ALL) >= 16

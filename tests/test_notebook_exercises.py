@@ -67,7 +67,7 @@ def _run(*sources: str) -> str:
 
 def test_every_chapter_has_at_least_two_exercises():
     counts = {nb.name: len(exercises(nb)) for nb in NOTEBOOKS}
-    assert len(counts) == 8 and all(n >= 2 for n in counts.values()), counts
+    assert len(counts) == 10 and all(n >= 2 for n in counts.values()), counts
     assert sum(counts.values()) >= 16
 
 

@@ -31,6 +31,7 @@ from grpo_course.core.answers import answers_match, extract_hash_answer
 from grpo_course.core.grpo import clipped_surrogate, zero_std_groups
 from grpo_course.core.rewards import completion_text
 from grpo_course.measure.profiling import Limits, RooflinePoint
+from grpo_course.measure.stats import linear_trend, mcnemar_test, paired_difference
 
 Case = tuple[tuple, dict]
 
@@ -633,3 +634,66 @@ def pool_cases(n: int = 20, seed: int = 0) -> list[Case]:
         correct = [rng.choice([0, 0, samples, rng.randint(0, samples)]) for _ in ids]
         cases.append(((ids, correct, samples), {}))
     return cases + [(([3, 1], [0, 8], 8), {}), (([5, 2, 9], [1, 7, 4], 8), {}), (([], [], 8), {})]
+
+
+def mcnemar_p(a_correct: Sequence[bool], b_correct: Sequence[bool]) -> float:
+    """The exact two-sided McNemar p-value of two models' answers (:func:`mcnemar_test`)."""
+    return mcnemar_test(a_correct, b_correct)["p_value"]
+
+
+def mcnemar_cases(n: int = 24, seed: int = 0) -> list[Case]:
+    """``(a_correct, b_correct)``: two models' right/wrong answers to the same problems; then the
+    edges: no discordant problem, all discordant one way, one discordant problem."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(n):
+        size = rng.randint(1, 60)
+        a = [rng.random() < 0.3 for _ in range(size)]
+        b = [x if rng.random() < 0.8 else not x for x in a]
+        cases.append(((a, b), {}))
+    return cases + [(([True, False], [True, False]), {}), (([False] * 7, [True] * 7), {}),
+                    (([False, True, True], [True, True, True]), {})]
+
+
+def trend_slope(values: Sequence[float]) -> float:
+    """The least-squares slope of ``values`` against their index (:func:`linear_trend`)."""
+    return linear_trend(values)["slope"]
+
+
+def trend_cases(n: int = 20, seed: int = 0) -> list[Case]:
+    """``(values,)``: a noisy line of 3 to 40 points; then a flat and an exactly straight one."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(n):
+        size, slope = rng.randint(3, 40), rng.uniform(-0.2, 0.2)
+        cases.append((([slope * i + rng.gauss(0, 1) for i in range(size)],), {}))
+    return cases + [(([1.0, 1.0, 1.0, 1.0],), {}), (([0.0, 0.5, 1.0, 1.5, 2.0],), {})]
+
+
+def wilson_cases(n: int = 24, seed: int = 0) -> list[Case]:
+    """``(successes, n)``; then the edges: none right, all right, n = 1 and n = 0."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(n):
+        total = rng.choice([8, 64, 128, 512, 1319])
+        cases.append(((rng.randint(0, total), total), {}))
+    return cases + [((0, 128), {}), ((128, 128), {}), ((1, 1), {}), ((0, 0), {})]
+
+
+def paired_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """The mean of ``b - a`` and its 95 % paired t interval (:func:`paired_difference`)."""
+    d = paired_difference(a, b)
+    return (d["difference"], d["lo"], d["hi"])
+
+
+def paired_cases(n: int = 20, seed: int = 0) -> list[Case]:
+    """``(a, b)``: each problem's share of right samples before and after (of 8), 2 to 256
+    problems, with differences that vary."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(n):
+        size = rng.randint(2, 256)
+        a = [rng.randint(0, 8) / 8 for _ in range(size)]
+        b = [min(1.0, max(0.0, x + rng.choice([-1, 0, 0, 1, 2]) / 8)) for x in a]
+        cases.append(((a, b), {}))
+    return cases + [(([0.0, 0.5], [0.5, 0.5]), {}), (([0.25, 0.5, 0.75], [0.5, 0.5, 1.0]), {})]

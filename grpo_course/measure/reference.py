@@ -95,7 +95,7 @@ def reference_tests(run: str | Path = REFERENCE_RUN, slices=SLICES, samples: int
                     transfer: bool = TRANSFER, progress: bool = True,
                     greedy: bool = True) -> dict[str, Any]:
     """Every test of the module docstring on ``run`` against ``run/sft``; with ``greedy=False``
-    each slice's sampled test alone (a re-check of the samples, as chapter 3's second page makes)."""
+    each slice's sampled test alone (a re-check of the samples, as page 3d makes)."""
     run = Path(run)
     before, after = str(run / "sft"), str(run)
     out: dict[str, Any] = {"run": str(run), "samples": samples, "lines_left": LINES_LEFT,
@@ -222,7 +222,7 @@ def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dic
     return out
 
 
-# ---------------------------------------------------------------- the fixed test in words (page 3b)
+# ---------------------------------------------------------------- the fixed test in words (page 3d)
 def fixed_test_table(fixed: dict[str, Any]) -> list[dict[str, Any]]:
     """``bench/reference_test.py``'s record (``data/reference_test.json``), one row a slice: sampled
     pass@1 and its paired change, pass@K, entropy, format and greedy accuracy."""
