@@ -68,7 +68,7 @@ def test_start_table_counts_each_start_and_its_right_share_early_and_late():
     rows = [{"starts/whole/groups": 2, "starts/whole/correct": 0.0, "starts/whole/trained": 1,
              "starts/1/groups": 2, "starts/1/correct": 0.25, "starts/1/trained": 2}] * 4 \
         + [{"starts/whole/groups": 1, "starts/whole/correct": 0.5, "starts/whole/trained": 1}] * 4
-    table = {r["start"]: r for r in wp.start_table(rows, ["whole", "1", "2"], G=8)}
+    table = {r["start"]: r for r in wp.start_table(rows, ["whole", "1", "2"])}
     assert table["whole"]["groups sampled"] == 12 and table["whole"]["groups trained"] == 8
     assert table["whole"]["right %, first 2 steps"] == 0.0 and table["whole"]["right %, last 2 steps"] == 50.0
     assert table["1"]["right %, first 2 steps"] == 25.0
@@ -87,8 +87,10 @@ def test_the_live_recheck_sentence_says_match_or_how_far_it_is():
     assert "match the benchmark's, for both models" in wp.live_recheck_sentence(same, bench, "AMD EPYC")
     other = {"before": {"right": [0, 0, 0, 0]}, "after": {"right": [1, 1, 0, 0]}}
     text = wp.live_recheck_sentence(other, bench, "AMD EPYC")
-    assert "the counts of before differ" in text and "+12.5 points against the benchmark's +6.2" in text
-    assert text.endswith("moved the same way here")
+    assert "1 of 2 models' counts differ" in text and "+12.5 points against the benchmark's +6.2:" in text
+    assert "from its AMD EPYC" in text and text.endswith("moved the same way as the benchmark's")
+    fell = {"before": {"right": [0, 1, 0, 0]}, "after": {"right": [0, 0, 0, 0]}}
+    assert wp.live_recheck_sentence(fell, bench, "AMD EPYC").endswith("on this machine the result may differ")
 
 
 def test_the_answers_sentence_puts_the_chance_baseline_beside_the_answers():

@@ -33,7 +33,13 @@ from grpo_course.core.runs import read_metrics
 from grpo_course.infra.memory import free_memory
 from grpo_course.infra.paths import project_root
 from grpo_course.measure.attribution import paired_mcnemar
-from grpo_course.measure.evaluate import compare_sampled, evaluate_model, evaluate_sampled, held_out_rows
+from grpo_course.measure.evaluate import (
+    SampledResult,
+    compare_sampled,
+    evaluate_model,
+    evaluate_sampled,
+    held_out_rows,
+)
 from grpo_course.measure.stats import describe_difference, paired_difference, reading
 
 #: the committed reference run (the train CLI's layout: the final adapter, and ``sft/``)
@@ -46,14 +52,22 @@ ALPHA, MIN_FORMAT = 0.05, 0.95
 SEED = 1234                 # the samples' seed: the same for both models, every slice
 
 
+def sampled_pair(before: str, after: str, rows, samples: int, max_new_tokens: int,
+                 progress: bool = True, **sampling) -> tuple[SampledResult, SampledResult]:
+    """Both models' sampled evaluation of ``rows`` (``sampling``: ``evaluate_sampled``'s seed,
+    temperature, blocks, dtype), one model in memory at a time."""
+    out = []
+    for folder in (before, after):
+        out.append(evaluate_sampled(str(folder), rows, samples, max_new_tokens, progress=progress, **sampling))
+        free_memory()
+    return out[0], out[1]
+
+
 def sampled_test(before: str, after: str, rows, samples: int = SAMPLES,
                  lines_left: int | None = LINES_LEFT, progress: bool = True) -> dict[str, Any]:
     """Both models' sampled evaluation of ``rows`` and the paired difference of pass@1."""
     budget = START_BUDGETS.get(lines_left, get_profile("full").eval.max_new_tokens)
-    a = evaluate_sampled(before, rows, samples, budget, seed=SEED, progress=progress)
-    free_memory()
-    b = evaluate_sampled(after, rows, samples, budget, seed=SEED, progress=progress)
-    free_memory()
+    a, b = sampled_pair(before, after, rows, samples, budget, progress, seed=SEED)
     return {"before": a.summary(), "after": b.summary(), **compare_sampled(a, b)}
 
 
@@ -284,26 +298,35 @@ def fixed_test_sentences(fixed: dict[str, Any]) -> dict[str, str]:
             for t in table)}
 
 
+def recheck_sentence(pairs: list[tuple[dict[str, Any], dict[str, Any]]], problems: int, samples: int,
+                     what: str, machine: str) -> str:
+    """A page's live re-sample of the first ``problems`` of a fixed test against the benchmark's
+    samples of the same problems. ``pairs`` holds one (live, benchmark) record per slice, each with
+    both models' right answers per problem (``"before"``/``"after"``, ``"right"``). Identical, or
+    how far each live change of pass@1 is from the benchmark's and whether it moved the same way."""
+    same = [live[side]["right"] == bench[side]["right"][:problems]
+            for live, bench in pairs for side in ("before", "after")]
+    if all(same):
+        return (f"the page sampled the first {problems} problems of {what} again: every problem's right "
+                f"answers match the benchmark's, for both models")
+    change = lambda rec: (sum(rec["after"]["right"][:problems])
+                          - sum(rec["before"]["right"][:problems])) / (samples * problems)
+    mine, theirs = [change(live) for live, _ in pairs], [change(bench) for _, bench in pairs]
+    agree = all((a > 0) == (b > 0) for a, b in zip(mine, theirs, strict=True))
+    points = lambda xs: ", ".join(f"{100 * x:+.1f}" for x in xs)
+    return (f"the page sampled the first {problems} problems of {what} again and {sum(not s for s in same)} "
+            f"of {len(same)} models' counts differ from the benchmark's (this machine samples differently: "
+            f"bf16 against fp32, another CPU, or the run changed since the benchmark). On those problems the "
+            f"live change of pass@1 was {points(mine)} points against the benchmark's {points(theirs)}"
+            + (", slice by slice" if len(pairs) > 1 else "") + f": the verdict below is the benchmark's, "
+            f"from its {machine}; "
+            + ("the live change moved the same way as the benchmark's" if agree else
+               "the live change did not move the same way as the benchmark's, so on this machine the "
+               "result may differ"))
+
+
 def live_recheck_sentence(live: dict[str, Any], fixed: dict[str, Any], problems: int) -> str:
     """The page's re-sample of the first ``problems`` of each slice (``reference_tests`` with
-    ``greedy=False``) against the benchmark's samples of the same problems: identical, or how far
-    the live change of pass@1 is from the benchmark's and whether it moved the same way."""
-    same = [ls["sampled"][side]["right"] == fs["sampled"][side]["right"][:problems]
-            for ls, fs in zip(live["slices"], fixed["slices"], strict=True) for side in ("before", "after")]
-    if all(same):
-        return (f"the page sampled the first {problems} problems of each slice again: every problem's "
-                f"right answers match the benchmark's, for both models")
-    k = fixed["samples"]
-    change = lambda sm: (sum(sm["after"]["right"][:problems]) - sum(sm["before"]["right"][:problems])) / (k * problems)
-    mine = [change(ls["sampled"]) for ls in live["slices"]]
-    theirs = [change(fs["sampled"]) for fs in fixed["slices"]]
-    agree = all((a > 0) == (b > 0) for a, b in zip(mine, theirs, strict=True))
-    return (f"the page sampled the first {problems} problems of each slice again and {sum(not s for s in same)} "
-            f"of {len(same)} model-slice pairs differ from the benchmark's counts (this machine samples "
-            f"differently: bf16 against fp32, another CPU, or the run changed since the benchmark). On those "
-            f"problems the live change of pass@1 was " + ", ".join(f"{100 * a:+.1f}" for a in mine)
-            + " points against the benchmark's " + ", ".join(f"{100 * b:+.1f}" for b in theirs)
-            + f", slice by slice: the verdict below is the benchmark's, from its {fixed.get('cpu', 'machine')}; "
-            + ("the live re-check moved the same way on every slice" if agree else
-               "the live re-check did not move the same way on every slice, so on this machine the result "
-               "may differ"))
+    ``greedy=False``) against the benchmark's samples of the same problems (:func:`recheck_sentence`)."""
+    pairs = [(ls["sampled"], fs["sampled"]) for ls, fs in zip(live["slices"], fixed["slices"], strict=True)]
+    return recheck_sentence(pairs, problems, fixed["samples"], "each slice", fixed.get("cpu", "machine"))

@@ -28,7 +28,6 @@ from grpo_course.config import START_BUDGETS
 from grpo_course.core.sampling import resolve_sampling_dtype
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.fingerprint import code_fingerprint, data_hash, file_hash
-from grpo_course.infra.memory import free_memory
 from grpo_course.infra.paths import keyed_cache_file, project_root, read_cached
 from grpo_course.measure.attribution import chance_baseline, phase_changes
 from grpo_course.measure.evaluate import (
@@ -37,7 +36,7 @@ from grpo_course.measure.evaluate import (
     evaluate_sampled,
     held_out_rows,
 )
-from grpo_course.measure.reference import greedy_answers, greedy_summary
+from grpo_course.measure.reference import greedy_answers, greedy_summary, recheck_sentence, sampled_pair
 from grpo_course.measure.stats import reading
 
 #: the committed runs (the train CLI's layout: the final adapter, and ``sft/``)
@@ -201,7 +200,7 @@ def verdict_sentence(tests: dict[str, Any], name: str = "the curriculum run") ->
 
 
 # ---- chapter 5's reading of the run: its starts during training, and the live re-check
-def start_table(rows: list[dict[str, Any]], starts: list[str], G: int) -> list[dict[str, Any]]:
+def start_table(rows: list[dict[str, Any]], starts: list[str]) -> list[dict[str, Any]]:
     """Each start of a mixed run, from its GRPO rows (``metrics.jsonl``): the groups sampled and
     trained, and the share of right answers among the completions sampled at that start over the
     first and the last quarter of the steps (training prompts drawn again and again from the pool:
@@ -217,8 +216,7 @@ def start_table(rows: list[dict[str, Any]], starts: list[str], G: int) -> list[d
              "groups sampled": sum(r.get(f"starts/{name}/groups", 0) for r in rows),
              "groups trained": sum(r.get(f"starts/{name}/trained", 0) for r in rows),
              f"right %, first {quarter} steps": right_share(name, rows[:quarter]),
-             f"right %, last {quarter} steps": right_share(name, rows[-quarter:]),
-             "completions per group": G} for name in starts]
+             f"right %, last {quarter} steps": right_share(name, rows[-quarter:])} for name in starts]
 
 
 def live_recheck(run: str | Path, problems: int, progress: bool = True) -> dict[str, Any]:
@@ -228,36 +226,17 @@ def live_recheck(run: str | Path, problems: int, progress: bool = True) -> dict[
     if problems <= 0 or problems % BATCH_PROMPTS:
         raise ValueError(f"problems={problems}: must be a positive multiple of {BATCH_PROMPTS} "
                          f"(whole sampling blocks, so the seeds match the bench's)")
-    run = Path(run)
     lo, _ = SAMPLED_ROWS
     rows = held_out_rows("test", problems, lo)
-    out = {}
-    for side, folder in (("before", run / "sft"), ("after", run)):
-        out[side] = evaluate_sampled(str(folder), rows, SAMPLES, budget(), temperature=TEMPERATURE,
-                                     seed=SEED, batch_prompts=BATCH_PROMPTS, sampling_dtype="auto",
-                                     progress=progress).summary()
-        free_memory()
-    return out
+    a, b = sampled_pair(Path(run) / "sft", Path(run), rows, SAMPLES, budget(), progress, temperature=TEMPERATURE,
+                        seed=SEED, batch_prompts=BATCH_PROMPTS, sampling_dtype="auto")
+    return {"before": a.summary(), "after": b.summary()}
 
 
 def live_recheck_sentence(live: dict[str, Any], tests: dict[str, Any], cpu: str) -> str:
     """The page's re-sample (:func:`live_recheck`) against the bench's samples of the same
-    problems: identical, or how far the live change of pass@1 is from the bench's."""
-    problems = len(live["after"]["right"])
-    bench = tests["sampled"]
-    differ = [side for side in ("before", "after") if live[side]["right"] != bench[side]["right"][:problems]]
-    if not differ:
-        return (f"the page sampled the first {problems} problems of test (b) again: every problem's right "
-                f"answers match the benchmark's, for both models")
-    change = lambda rec: (sum(rec["after"]["right"][:problems])
-                          - sum(rec["before"]["right"][:problems])) / (SAMPLES * problems)
-    mine, theirs = change(live), change(bench)
-    return (f"the page sampled the first {problems} problems of test (b) again, and the counts of "
-            f"{' and '.join(differ)} differ from the benchmark's (this machine samples differently: "
-            f"bf16 against fp32, another CPU, or the run changed since the benchmark); on those problems "
-            f"the live change of pass@1 was {100 * mine:+.1f} points against the benchmark's "
-            f"{100 * theirs:+.1f}: the verdict below is the benchmark's, from its {cpu}, and it "
-            + ("moved the same way here" if (mine > 0) == (theirs > 0) else "did not move the same way here"))
+    problems (:func:`~grpo_course.measure.reference.recheck_sentence`)."""
+    return recheck_sentence([(live, tests["sampled"])], len(live["after"]["right"]), SAMPLES, "test (b)", cpu)
 
 
 def answers_sentence(tests: dict[str, Any]) -> str:
