@@ -104,3 +104,33 @@ def test_the_answers_sentence_puts_the_chance_baseline_beside_the_answers():
     assert "1.0 → 2.0 % (n = 1319; 20 problems gained, 7 lost, McNemar p = 0.019)" in text
     assert "right equations per answer 1.00 → 0.00" in text and "arithmetic 10 → 12" in text
     assert text.endswith("at random would score 1.2 %")
+
+
+def test_samples_are_cached_block_by_block_with_the_seeds_of_one_call(monkeypatch, tmp_path):
+    """A stopped bench loses at most one cache block, and the blocks draw what one call would:
+    the sampling block from problem lo is seeded seed + lo, whichever cache block holds it."""
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    (folder / "adapter_config.json").write_text('{"target_modules": ["q_proj", "v_proj"]}')
+    rows = [{"question": f"q{i}", "answer": str(i), "idx": i} for i in range(2 * wp.CACHE_BLOCK + 8)]
+    calls = []
+
+    def fake_records(model, tok, block, samples, budget, temperature, seed, batch_prompts, *rest):
+        calls.append(len(block))
+        # sampled_blocks seeds the sampling block at position lo of its call with seed + lo
+        return [{"idx": r["idx"], "seed": seed + j - j % batch_prompts, "right": 1, "formatted": 1,
+                 "nll": 1.0, "tokens": 2} for j, r in enumerate(block)]
+
+    monkeypatch.setattr(wp, "load_model", lambda name: (object(), object()))
+    monkeypatch.setattr(wp, "sampled_records", fake_records)
+    first = wp.cached_samples(folder, rows, 4, 16, seed=100)
+    assert calls == [wp.CACHE_BLOCK, wp.CACHE_BLOCK, 8] and wp.CACHE_BLOCK % wp.BATCH_PROMPTS == 0
+    assert [r["seed"] for r in first.records] == [100 + i - i % wp.BATCH_PROMPTS for i in range(len(rows))]
+    again = wp.cached_samples(folder, rows, 4, 16, seed=100)           # every block from the cache
+    assert calls == [wp.CACHE_BLOCK, wp.CACHE_BLOCK, 8] and again.records == first.records
+    blocks = sorted((tmp_path / "cache" / "sampled_tests").glob("*.json"))
+    blocks[-1].unlink()                                                 # one block lost: only it again
+    wp.cached_samples(folder, rows, 4, 16, seed=100)
+    assert len(calls) == 4

@@ -21,19 +21,22 @@ resumes where it stopped.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 from grpo_course.config import START_BUDGETS
+from grpo_course.core.loading import load_model
+from grpo_course.core.pool import sampled_records
 from grpo_course.core.sampling import resolve_sampling_dtype
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.fingerprint import code_fingerprint, data_hash, file_hash
+from grpo_course.infra.memory import free_memory
 from grpo_course.infra.paths import keyed_cache_file, project_root, read_cached
 from grpo_course.measure.attribution import chance_baseline, phase_changes
 from grpo_course.measure.evaluate import (
     SampledResult,
     compare_sampled,
-    evaluate_sampled,
     held_out_rows,
 )
 from grpo_course.measure.reference import greedy_answers, greedy_summary, recheck_sentence, sampled_pair
@@ -53,6 +56,7 @@ ALPHA, MIN_FORMAT = 0.05, 0.95
 #: one line left: the reference run's first slice, samples and seed (grpo_course.measure.reference)
 ONE_LINE_ROWS, ONE_LINE_SAMPLES, ONE_LINE_SEED = (512, 768), 8, 1234
 BATCH_PROMPTS = 4                # problems sampled together (a block's seed is SEED + its first row)
+CACHE_BLOCK = 16 * BATCH_PROMPTS  # problems a cache entry holds (a whole number of sampling blocks)
 DESIGN = {"greedy": {"split": "test", "rows": list(GREEDY_ROWS), "start": "whole",
                      "test": "McNemar's exact test, run vs its warm start"},
           "sampled": {"split": "test", "rows": list(SAMPLED_ROWS), "start": "whole",
@@ -83,9 +87,12 @@ def adapter_settings(folder: Path) -> dict:
 def cached_samples(folder: str | Path, rows, samples: int, max_new_tokens: int, seed: int,
                    kind: str = "sampled_tests", progress: bool = True) -> SampledResult:
     """The adapter in ``folder`` sampled on ``rows`` (``samples`` answers each at temperature 1,
-    ``seed``): read from the cache (``$GRPO_COURSE_CACHE/<kind>/``) when the same adapter sampled
-    the same rows with the same code before, else sampled and stored there (atomically)."""
-    folder = Path(folder)
+    ``seed``), :data:`CACHE_BLOCK` problems at a time: each block is read from the cache
+    (``$GRPO_COURSE_CACHE/<kind>/``) when the same adapter sampled the same rows with the same code
+    before, else sampled and stored there (atomically), so a bench stopped part way loses at most
+    one block. The block from problem ``lo`` samples with seed ``seed + lo``: the answers one call of
+    ``evaluate_sampled`` on all the rows would draw (its sampling blocks start at ``seed + lo``)."""
+    folder, rows = Path(folder), list(rows)
     key = {"adapter": file_hash(folder / "adapter_model.safetensors"),
            "adapter_config": adapter_settings(folder),
            "rows": data_hash(rows), "start": [r.get("start") for r in rows], "samples": samples,
@@ -93,15 +100,26 @@ def cached_samples(folder: str | Path, rows, samples: int, max_new_tokens: int, 
            "batch_prompts": BATCH_PROMPTS,
            "dtype": str(resolve_sampling_dtype("auto") or "float32"),     # bf16 where native
            "code": code_fingerprint("grpo_course.measure.evaluate")}
-    path = keyed_cache_file(kind, key)
-    stored = read_cached(path, lambda s: s["key"] == key and isinstance(s["records"], list))
-    if stored is not None:
-        return SampledResult(samples, stored["records"], stored["seconds"], str(folder))
-    result = evaluate_sampled(str(folder), rows, samples, max_new_tokens, temperature=TEMPERATURE,
-                              seed=seed, batch_prompts=BATCH_PROMPTS, sampling_dtype="auto",
-                              progress=progress)
-    write_json_atomic(path, {"key": key, "records": result.records, "seconds": result.seconds})
-    return result
+    records, seconds, model = [], 0.0, None
+    for lo in range(0, len(rows), CACHE_BLOCK):
+        path = keyed_cache_file(kind, {**key, "block": [lo, lo + CACHE_BLOCK]})
+        stored = read_cached(path, lambda s: isinstance(s.get("records"), list))
+        if stored is None:
+            if model is None:
+                model, tokenizer = load_model(str(folder))
+            start = time.perf_counter()
+            block = sampled_records(model, tokenizer, rows[lo:lo + CACHE_BLOCK], samples, max_new_tokens,
+                                    TEMPERATURE, seed + lo, BATCH_PROMPTS, "auto", progress,
+                                    f"{folder.name}: {samples} samples, problems {lo}-"
+                                    f"{min(lo + CACHE_BLOCK, len(rows)) - 1}")
+            stored = {"records": block, "seconds": time.perf_counter() - start}
+            write_json_atomic(path, stored)
+        records += stored["records"]
+        seconds += stored["seconds"]
+    if model is not None:
+        del model
+        free_memory()
+    return SampledResult(samples, records, seconds, str(folder))
 
 
 def greedy(folder: str | Path, rows, lines_left: int | None = None, progress: bool = True):
