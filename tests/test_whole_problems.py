@@ -134,3 +134,23 @@ def test_samples_are_cached_block_by_block_with_the_seeds_of_one_call(monkeypatc
     blocks[-1].unlink()                                                 # one block lost: only it again
     wp.cached_samples(folder, rows, 4, 16, seed=100)
     assert len(calls) == 4
+
+
+def test_what_the_course_shows_on_whole_problems_comes_from_the_shipped_records():
+    import json
+    from pathlib import Path
+
+    fixed = json.loads((Path(__file__).resolve().parents[1] / "data" / "reference_test.json").read_text())
+    whole = fixed["transfer"]["whole_problems"]
+    (row,) = wp.shipped_rows(fixed, None)
+    assert row["run"] == "reference run" and row["warm start %"] == 100 * whole["before"]
+    said = wp.shipped_sentence(fixed, None)
+    assert f"p = {whole['mcnemar']['p_value']:.2g}: {row['reading']}" in said and "have not run yet" in said
+    record = _record(p_greedy=0.2)
+    both = wp.shipped_rows(fixed, {"run": record, "reference": record})
+    assert [r["run"] for r in both] == ["reference run", "curriculum run", "curriculum run", "reference run",
+                                        "reference run"]
+    said = wp.shipped_sentence(fixed, {"run": record, "reference": record})
+    assert said.startswith("on whole GSM8K test problems, none of the 5 shipped tests shows a detectable gain")
+    assert said.endswith("sampled pass@1 did not rise significantly") and ". By its tests fixed in advance" in said
+    assert "no test on whole problems" in wp.shipped_sentence(None, None)

@@ -270,3 +270,45 @@ def answers_sentence(tests: dict[str, Any]) -> str:
             f"per answer {per_answer(a):.2f} → {per_answer(b):.2f}; right answers earned by right "
             f"arithmetic {a['earned']} → {b['earned']}; a guesser that combines two numbers of the "
             f"question at random would score {100 * chance['uniform_guess_accuracy']:.1f} %")
+
+
+# ---- what the course shows on whole problems, from the shipped records (the intro, page 3b)
+def shipped_rows(reference_fixed: dict[str, Any] | None, curriculum: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Every shipped test on whole GSM8K test problems as :func:`result_rows`' rows: the reference
+    run's transfer test (``data/reference_test.json``) and, where the bench has run, both runs' fixed
+    tests (``data/curriculum_test.json``)."""
+    rows = []
+    whole = (reference_fixed or {}).get("transfer", {}).get("whole_problems")
+    if whole:
+        m = whole["mcnemar"]
+        rows.append({"run": "reference run", "test": f"greedy accuracy, test rows {whole['rows'][0]}-"
+                                                     f"{whole['rows'][1] - 1}",
+                     "warm start %": 100 * whole["before"], "run %": 100 * whole["after"],
+                     "change (points)": 100 * (whole["after"] - whole["before"]),
+                     "interval or pairs": f"{m['b_only']} gained, {m['a_only']} lost", "p": m["p_value"],
+                     "reading": reading(whole["after"] - whole["before"], m["p_value"], ALPHA)})
+    if curriculum:
+        rows += result_rows(curriculum["run"], "curriculum run") + result_rows(curriculum["reference"],
+                                                                               "reference run")
+    return rows
+
+
+def shipped_sentence(reference_fixed: dict[str, Any] | None, curriculum: dict[str, Any] | None,
+                     detail: bool = True) -> str:
+    """What the shipped runs show on whole problems, in words from :func:`shipped_rows`' readings:
+    how many tests rose, each test's numbers (``detail``), and the curriculum run's verdict."""
+    rows = shipped_rows(reference_fixed, curriculum)
+    if not rows:
+        return "no test on whole problems has been run yet (make reference-run; python bench/curriculum_test.py)"
+    said = "; ".join(f"{r['run']}, {r['test']}: {r['warm start %']:.1f} → {r['run %']:.1f} % "
+                     f"({r['interval or pairs']}, p = {r['p']:.2g}: {r['reading']})" for r in rows)
+    rose = sum(r["reading"] == "rose" for r in rows)
+    if len(rows) == 1:
+        head = "the one shipped test " + ("rose" if rose else "shows no detectable gain")
+    else:
+        head = f"{rose} of the {len(rows)} shipped tests rose" if rose else \
+            f"none of the {len(rows)} shipped tests shows a detectable gain"
+    verdict = (f"by its tests fixed in advance, {verdict_sentence(curriculum['run'])}" if curriculum else
+               "the curriculum run's tests, fixed before it trained, have not run yet (python bench/curriculum_test.py)")
+    return f"on whole GSM8K test problems, {head}" + (f": {said}" if detail else "") + \
+        f". {verdict[0].upper()}{verdict[1:]}"
