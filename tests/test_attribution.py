@@ -185,3 +185,22 @@ def test_recipe_rows_show_every_recipe_on_every_slice_and_who_passes_all():
     assert rows[0]["bars passed"] == "1/2" and rows[2]["gold step %"] == pytest.approx(100.0)
     assert "misses" in verdicts[0] and "rows 3:6 it passes every bar" in verdicts[0]
     assert verdicts[-1] == "recipes that pass every bar on every slice: grounded"
+
+
+def test_the_lever_benchmark_reads_with_intervals_and_ties():
+    """Page 3b: the lever benchmark's shares come with Wilson intervals; tied levers are all named,
+    and overlapping intervals are read as not separated; the correctness reward is said to be tiers."""
+    from grpo_course.measure.attribution import lever_rows, lever_sentence
+
+    def v(share, s=10.0, steps=5, prompts=2.0):
+        return {"steps": steps, "prompts_sampled_per_step": prompts, "informative_share_sampled": share,
+                "steps_with_signal": 1.0, "s_per_step": s, "correctness": -0.4, "completion_length": 70.0,
+                "truncated_share": 0.1, "clip_ratio": 0.0}
+    variants = {"plain": v(0.6), "G=8": v(0.9, 26), "intermediate_results": v(0.9, 19), "profile": v(0.9)}
+    rows = lever_rows(variants)
+    assert rows[0]["groups sampled"] == 10 and rows[0]["95 % CI"] == "31-83"
+    said = lever_sentence(variants)
+    assert "G = 8, 90 % of 10" in said and "the dense reward, 90 % of 10" in said
+    assert "do not separate them" in said and "tiers, -1 to 3" in said
+    far = lever_sentence({"plain": v(0.1, prompts=20.0), "G=8": v(0.9, prompts=20.0)})
+    assert far.endswith("the intervals do not overlap")

@@ -56,3 +56,13 @@ def test_side_by_side_escapes_each_source_in_its_own_column():
     html = side_by_side({"TRL <1.16>": "if a < b:\n    pass", "ours": "x & y"}).data
     assert html.count('<div style="flex:1') == 2
     assert "TRL &lt;1.16&gt;" in html and "if a &lt; b:" in html and "x &amp; y" in html
+
+
+def test_a_metrics_figure_says_what_its_bands_are():
+    """Issue 84: no page said what plot_band's faint line, line and band are."""
+    from grpo_course.book.plotting import plot_metrics
+
+    rows = [{"phase": "grpo", "step": i, "reward": float(i % 3)} for i in range(8)]
+    fig = plot_metrics(None, keys=("reward",), window=4, runs={"run": rows})
+    assert any("mean of the last 4 steps" in t.get_text() and "standard deviation" in t.get_text()
+               for t in fig.texts)

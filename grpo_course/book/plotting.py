@@ -77,6 +77,12 @@ def plot_band(ax, xs: Sequence[float], ys: Sequence[float], window: int = 5,
     ax.fill_between(xs, np.array(mean) - spread, np.array(mean) + spread, color=color, alpha=0.15)
 
 
+def band_caption(fig, window: int) -> None:
+    """Say under ``fig`` what :func:`plot_band` draws, so no band goes unexplained."""
+    fig.text(0.5, -0.01, f"faint: each step; line: the mean of the last {window} steps; band: ± one "
+                         f"standard deviation of those steps", ha="center", va="top", fontsize=8)
+
+
 def plot_metrics(source, keys: Sequence[str] = DEFAULT_KEYS, window: int = 5, runs=None,
                  ncols: int = 3):
     """A grid of curves, one panel per metric; ``runs`` = {label: source} overlays several."""
@@ -98,6 +104,7 @@ def plot_metrics(source, keys: Sequence[str] = DEFAULT_KEYS, window: int = 5, ru
     if len(data) > 1:
         axes.flat[0].legend(fontsize=8)
     fig.tight_layout()
+    band_caption(fig, window)
     return fig
 
 

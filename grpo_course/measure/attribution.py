@@ -29,7 +29,7 @@ from grpo_course.core.arithmetic import arithmetic_check
 from grpo_course.core.data import last_number, solution_results
 from grpo_course.core.rewards import score_completions, step_f1, weighted_sum
 from grpo_course.measure.evaluate import EvalResult
-from grpo_course.measure.stats import mcnemar_test, paired_difference
+from grpo_course.measure.stats import mcnemar_test, paired_difference, wilson_interval
 
 _QUESTION_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 
@@ -255,3 +255,52 @@ def recipe_rows(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]
     verdicts.append("recipes that pass every bar on every slice: " +
                     (", ".join(clean) if clean else "none"))
     return rows, verdicts
+
+
+# ---------------------------------------------------------------- the lever benchmark (page 3b)
+#: bench/levers.py's variants in words
+LEVERS = {"plain": "the plain trainer", "intermediate_results": "the dense reward",
+          "dynamic_sampling": "dynamic sampling", "G=8": "G = 8", "easy_first": "easy-first prompts",
+          "num_iterations=2": "two updates per batch", "mask_truncated": "masked truncation",
+          "profile": "the profile's recipe"}
+
+
+def lever_rows(variants: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per variant of ``bench/levers.py`` (``data/levers.json``'s ``variants``): the groups
+    it sampled, the share that were informative (rewards not all equal) with its Wilson 95 %
+    interval, the steps that trained on one, the time, and what the completions did. The
+    correctness reward is chapter 2's tiers (-1 ... 3), a mean, not a share."""
+    rows = []
+    for name, v in variants.items():
+        groups = round(v["steps"] * v["prompts_sampled_per_step"])
+        lo, hi = wilson_interval(round(v["informative_share_sampled"] * groups), groups)
+        rows.append({"variant": LEVERS.get(name, name), "groups sampled": groups,
+                     "informative groups %": 100 * v["informative_share_sampled"],
+                     "95 % CI": f"{100 * lo:.0f}-{100 * hi:.0f}", "lo": lo, "hi": hi,
+                     "steps with signal %": 100 * v["steps_with_signal"], "s per step": v["s_per_step"],
+                     "correctness reward (-1 ... 3)": v["correctness"],
+                     "mean length (tokens)": v["completion_length"], "cut off %": 100 * v["truncated_share"],
+                     "clipped tokens %": 100 * v["clip_ratio"]})
+    return rows
+
+
+def lever_sentence(variants: dict[str, dict[str, Any]]) -> str:
+    """The lever benchmark in one short sentence: the plain trainer's informative share, the lever
+    with the most, whether their intervals separate them, and the profile's correctness reward."""
+    rows = {r["variant"]: r for r in lever_rows(variants)}
+    plain, profile = rows.pop(LEVERS["plain"]), rows.pop(LEVERS["profile"], None)
+    top = max(r["informative groups %"] for r in rows.values())
+    best = [r for r in rows.values() if r["informative groups %"] == top]       # ties all named
+    apart = all(r["lo"] > plain["hi"] or r["hi"] < plain["lo"] for r in best)
+    said = (f"{plain['informative groups %']:.0f} % of the plain trainer's {plain['groups sampled']} sampled "
+            f"groups were informative (95 % CI {plain['95 % CI']} %); the most with one lever: "
+            + " and ".join(f"{r['variant']}, {r['informative groups %']:.0f} % of {r['groups sampled']} "
+                           f"({r['95 % CI']} %) at {r['s per step']:.0f} s per step" for r in best)
+            + f", against {plain['s per step']:.0f} s plain: "
+            + ("the intervals do not overlap" if apart else
+               "the intervals overlap, so this few groups do not separate them"))
+    if profile:
+        said += (f". The profile's recipe: mean correctness reward {profile['correctness reward (-1 ... 3)']:.2f} "
+                 f"against {plain['correctness reward (-1 ... 3)']:.2f} plain (chapter 2's tiers, -1 to 3: "
+                 f"a mean reward, not a share of right answers)")
+    return said
