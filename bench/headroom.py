@@ -130,7 +130,7 @@ def _run(a) -> int:
     warm_dir = warm_start(cfg, load_gsm8k("train"))
     model, tok = load_model(warm_dir)
     model.eval()
-    result = {"machine": {**bench_facts(), "threads": torch.get_num_threads()},
+    result = {"machine": {**bench_facts(), "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d")},
               "model": "warm start of the full profile", "samples": a.samples,
               "group_size": a.group_size, "temperature": 1.0, "sample_problems": a.sample_problems,
               "slices": {}}

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         result = reference_tests(run, samples=args.samples, transfer=not args.no_transfer)
     except (ValueError, RuntimeError, OSError) as exc:
         return report(exc)
-    out = {"bench": "reference_test", **bench_facts(), **result,
+    out = {"bench": "reference_test", **bench_facts(), "date": time.strftime("%Y-%m-%d"), **result,
            "minutes": round((time.perf_counter() - start) / 60, 1)}
     write_json_atomic(args.out, out, indent=1)
     print(json.dumps(out))

@@ -30,3 +30,15 @@ def test_p_values_keep_their_digits_where_a_table_is_rounded():
     table = pd.DataFrame({"change": [0.12345], "p": [5e-9], "McNemar p": [0.1834], "n": [256]})
     shown = R.p_values_as_text(table).round(3)     # before rounding the rest
     assert shown.loc[0, "p"] == "5e-09" and shown.loc[0, "McNemar p"] == "0.18" and shown.loc[0, "n"] == 256
+
+
+def test_a_shipped_file_without_a_date_gives_its_commit_date():
+    """Issue 84: headroom.json and reference_test.json record no date, so their result-box rows
+    named no date; the commit date bounds the measurement's."""
+    from grpo_course.book.results import committed, shipped
+
+    assert shipped("data/x.json", {"cpu": "AMD EPYC", "date": "2026-12-01"}) == "shipped: data/x.json (AMD EPYC, 2026-12-01)"
+    day = committed("data/headroom.json")
+    if day:                                   # a clone with history (not a Colab copy)
+        assert shipped("data/headroom.json", {"cpu": "AMD EPYC"}) == f"shipped: data/headroom.json (AMD EPYC, committed {day})"
+    assert committed("data/no_such_file.json") is None

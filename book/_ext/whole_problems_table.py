@@ -27,9 +27,11 @@ def _read(path: Path) -> dict | None:
 
 
 def _source(name: str, record: dict | None) -> str:
+    from grpo_course.book.results import shipped
+
     if record is None:
         return f"data/{name}: not written yet"
-    return f"data/{name}: {record.get('cpu') or 'an unrecorded CPU'}, {record.get('date') or 'date not recorded'}"
+    return shipped(f"data/{name}", {"cpu": record.get("cpu"), "date": record.get("date")}).removeprefix("shipped: ")
 
 
 class WholeProblems(Directive):
@@ -47,7 +49,7 @@ class WholeProblems(Directive):
                   f"{r['change (points)']:+.1f}", str(r["interval or pairs"]), f"{r['p']:.2g}", str(r["reading"])]
                  for r in rows]
         text = shipped_sentence(reference, curriculum)
-        sources = "; ".join(_source(name, record) for name, record in zip(RECORDS, (reference, curriculum)))
+        sources = "; ".join(_source(name, record) for name, record in zip(RECORDS, (reference, curriculum), strict=True))
         out = [_table(header, cells)] if cells else []
         return out + [nodes.paragraph(text=f"{text[0].upper()}{text[1:]}. Records: {sources}.")]
 

@@ -10,9 +10,12 @@ Colab) fills it when those cells run.
 """
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 import pandas as pd
+
+from grpo_course.infra.paths import project_root
 
 RESULTS_ID = "chapter-results"
 COLUMNS = ("measure", "value", "n", "95 % interval", "reading", "from")
@@ -26,10 +29,24 @@ def result(measure: str, value: str, reading: str = "", n: int | str = "", inter
     return dict(zip(COLUMNS, (measure, value, n, interval, reading, source), strict=True))
 
 
+def committed(path: str) -> str | None:
+    """The date ``path`` (relative to the project) was last committed, from git; ``None`` outside a
+    clone (a Colab or Binder copy may have no history)."""
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", path], cwd=project_root(),
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def shipped(path: str, facts: dict[str, Any] | None) -> str:
-    """Where a shipped number comes from: the file, and the CPU and date it records."""
+    """Where a shipped number comes from: the file, and the CPU and date it records; a file that
+    records no date gives the date it was committed (the measurement is no later)."""
     facts = facts or {}
     cpu, date = facts.get("cpu"), facts.get("date")
+    if not date and (day := committed(path)):
+        date = f"committed {day}"
     where = ", ".join(str(x) for x in (cpu, date) if x)
     return f"shipped: {path}" + (f" ({where})" if where else "")
 
