@@ -412,36 +412,37 @@ def paired_rows(results: dict[str, Any], dataset, weights: dict[str, float],
 
 
 def time_decoding(model, tokenizer, prompts: Sequence[str], batch_size: int,
-                  max_new_tokens: int, fast: bool = False, repeats: int = 1) -> dict[str, float]:
+                  max_new_tokens: int, fast: bool = False, repeats: int = 1,
+                  sampling_dtype: str | None = None) -> dict[str, Any]:
     """Time to first token (prefill + one pick) and decode tokens/s of greedy decoding of
     ``batch_size`` prompts with :func:`~grpo_course.core.sampling.sample_completions`.
 
     ``fast=False`` runs the transformers forward pass (the only one quantized models take);
-    the best of ``repeats`` runs is kept (other processes share the cores).
+    ``sampling_dtype`` is the fast sampler's weight copy (``None``: its default). The best of
+    ``repeats`` runs is ``decode_tok_s`` (other processes share the cores); every run's rate is
+    kept in ``rates``, so a reader sees the spread.
     """
 
     batch = list(prompts[:batch_size])
     if len(batch) < batch_size:
         raise ValueError(f"need {batch_size} prompts, got {len(prompts)}")
-    sample_completions(model, tokenizer, batch[:1], 1, 2, temperature=0.0, fast=fast)  # warm-up
-    best_first, best_rate, tokens = float("inf"), 0.0, 0
+    kw = {"temperature": 0.0, "fast": fast, "sampling_dtype": sampling_dtype}
+    sample_completions(model, tokenizer, batch[:1], 1, 2, **kw)  # warm-up
+    best_first, rates, tokens = float("inf"), [], 0
     for _ in range(repeats):
         t0 = time.perf_counter()
-        sample_completions(model, tokenizer, batch, 1, 1, temperature=0.0, fast=fast)
+        sample_completions(model, tokenizer, batch, 1, 1, **kw)
         first = time.perf_counter() - t0
         t0 = time.perf_counter()
-        out = sample_completions(model, tokenizer, batch, 1, max_new_tokens, temperature=0.0,
-                                 fast=fast)
+        out = sample_completions(model, tokenizer, batch, 1, max_new_tokens, **kw)
         total = time.perf_counter() - t0
         steps = out.completion_ids.shape[1]
         tokens = int(out.completion_mask.sum())
         if steps > 1 and total > first:      # noise can make the 1-token run the slower one
-            best_rate = max(best_rate, batch_size * (steps - 1) / (total - first))
+            rates.append(batch_size * (steps - 1) / (total - first))
         best_first = min(best_first, first)
-    if best_rate == 0.0:
-        best_rate = float("nan")
-    return {"batch_size": batch_size, "ttft_s": best_first, "decode_tok_s": best_rate,
-            "new_tokens": tokens}
+    return {"batch_size": batch_size, "ttft_s": best_first,
+            "decode_tok_s": max(rates) if rates else float("nan"), "rates": rates, "new_tokens": tokens}
 
 
 class PeakRSS:
