@@ -204,3 +204,15 @@ def test_the_lever_benchmark_reads_with_intervals_and_ties():
     assert "do not separate them" in said and "tiers, -1 to 3" in said
     far = lever_sentence({"plain": v(0.1, prompts=20.0), "G=8": v(0.9, prompts=20.0)})
     assert far.endswith("the intervals do not overlap")
+
+
+def test_the_overlap_of_solved_problems_is_read_only_where_it_can_say_something():
+    from grpo_course.measure.attribution import churn_reading
+
+    def changes(a, b, both, expected):
+        return {"a": {"correct": a}, "b": {"correct": b},
+                "overlap": {"both": both, "expected_if_unrelated": expected}}
+    assert "solved none" in churn_reading(changes(3, 0, 0, 0.0))
+    assert "too few" in churn_reading(changes(3, 8, 1, 0.1))
+    assert "no more solved problems than unrelated" in churn_reading(changes(10, 9, 2, 1.5))
+    assert "survived" in churn_reading(changes(10, 9, 6, 1.5))

@@ -134,6 +134,26 @@ def phase_changes(a: EvalResult, b: EvalResult, dataset) -> dict[str, Any]:
 #: what a phase must show on a held-out slice to count as teaching gold steps without farming
 #: them (issue 42): step F1 up, gold step reached up, at most 10 % more equations per answer,
 #: a right-equation share at most 2 points lower, and format at or above 95 %
+def churn_reading(changes: dict[str, Any]) -> str:
+    """What the overlap of two models' solved problems says (:func:`phase_changes`' ``overlap``):
+    nothing where one solved none or fewer than 5, else whether they share more solved problems than
+    two unrelated guessers with the same accuracies would (more than one above that count)."""
+    a, b = changes["a"]["correct"], changes["b"]["correct"]
+    both, expected = changes["overlap"]["both"], changes["overlap"]["expected_if_unrelated"]
+    if b == 0:
+        return "after GRPO it solved none of these problems, so there is no overlap to read"
+    if a == 0:
+        return "the warm start solved none of them, so there is no overlap to read"
+    if min(a, b) < 5:
+        return f"too few problems were solved ({a} and {b}) for the overlap to say anything"
+    if both <= expected + 1:
+        return ("they share no more solved problems than unrelated guessers would: the solved problems were "
+                "reshuffled by GRPO's change of the weights, so the accuracy test above compares two small, "
+                "mostly lucky counts")
+    return ("they share more solved problems than unrelated guessers would: part of what the warm start "
+            "solved survived GRPO's change of the weights")
+
+
 NO_FARMING_BARS = {"alpha": 0.05, "max_equation_growth": 0.10, "max_right_share_drop": 0.02,
                    "min_format": 0.95}
 
