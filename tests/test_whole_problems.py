@@ -154,3 +154,9 @@ def test_what_the_course_shows_on_whole_problems_comes_from_the_shipped_records(
     assert said.startswith("on whole GSM8K test problems, none of the 5 shipped tests shows a detectable gain")
     assert said.endswith("sampled pass@1 did not rise significantly") and ". By its tests fixed in advance" in said
     assert "no test on whole problems" in wp.shipped_sentence(None, None)
+
+
+def test_a_live_change_of_zero_does_not_agree_with_a_fall():
+    bench = {"sampled": {"before": {"right": [1, 1, 0, 0]}, "after": {"right": [0, 0, 0, 0]}}}
+    flat = {"before": {"right": [0, 0, 0, 0]}, "after": {"right": [0, 0, 0, 0]}}
+    assert wp.live_recheck_sentence(flat, bench, "AMD EPYC").endswith("on this machine the result may differ")

@@ -312,7 +312,8 @@ def recheck_sentence(pairs: list[tuple[dict[str, Any], dict[str, Any]]], problem
     change = lambda rec: (sum(rec["after"]["right"][:problems])
                           - sum(rec["before"]["right"][:problems])) / (samples * problems)
     mine, theirs = [change(live) for live, _ in pairs], [change(bench) for _, bench in pairs]
-    agree = all((a > 0) == (b > 0) for a, b in zip(mine, theirs, strict=True))
+    sign = lambda x: (x > 0) - (x < 0)           # a change of 0 moves neither way
+    agree = all(sign(a) == sign(b) for a, b in zip(mine, theirs, strict=True))
     points = lambda xs: ", ".join(f"{100 * x:+.1f}" for x in xs)
     return (f"the page sampled the first {problems} problems of {what} again and {sum(not s for s in same)} "
             f"of {len(same)} models' counts differ from the benchmark's (this machine samples differently: "
