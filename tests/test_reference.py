@@ -79,6 +79,17 @@ def test_a_finished_run_is_exported_in_bf16_with_its_machine_and_hours(tmp_path)
     assert info["recipe"] == "recipes/curriculum_run.yaml" and info["reproduce"] == "make curriculum-run"
 
 
+def _patch_sampling(monkeypatch, sampled) -> None:
+    """Route whole_problems' block-by-block sampling (load_model, then sampled_records per cache
+    block) through a fake with evaluate_sampled's signature, the model standing for its folder."""
+    from grpo_course.measure import whole_problems
+
+    def records(model, tok, rows, samples, budget, temperature, seed, batch_prompts, dtype, progress, desc):
+        return sampled(model, rows, samples, budget, temperature, seed, batch_prompts, dtype, progress).records
+    monkeypatch.setattr(whole_problems, "load_model", lambda name: (name, None))
+    monkeypatch.setattr(whole_problems, "sampled_records", records)
+
+
 def test_the_learning_curve_keeps_each_step_s_samples_and_resumes(tmp_path, monkeypatch):
     """A stopped learning-curve bench resumes: a step tested before is read back from the cache,
     the same records; another adapter (or other rows) is sampled again."""
@@ -93,15 +104,14 @@ def test_the_learning_curve_keeps_each_step_s_samples_and_resumes(tmp_path, monk
         records = [{"idx": r["idx"], "right": len(calls), "formatted": samples} for r in rows]
         return SampledResult(samples, records, 1.5, model)
 
-    from grpo_course.measure import whole_problems
-    monkeypatch.setattr(whole_problems, "evaluate_sampled", sampled)   # the cache the benches share
+    _patch_sampling(monkeypatch, sampled)                           # the cache the benches share
     a, b = tmp_path / "a", tmp_path / "b"
     _adapter(a)
     _adapter(b)
     rows = [{"idx": i, "question": f"q{i}", "answer": f"#### {i}", "start": "s"} for i in range(3)]
     first = bench.validation_samples(a, rows, 4, 64)
     again = bench.validation_samples(a, rows, 4, 64)
-    assert calls == [str(a)] and again.records == first.records and again.seconds == 1.5
+    assert calls == [str(a)] and again.records == first.records and again.seconds == first.seconds
     assert bench.validation_samples(b, rows, 4, 64).records[0]["right"] == 2       # other weights
     bench.validation_samples(a, rows[:2], 4, 64)                                    # other rows
     bench.validation_samples(a, rows, 2, 64)                                        # other samples
@@ -152,8 +162,7 @@ def test_the_learning_curve_compares_runs_on_the_same_rows_and_names_the_best(tm
         return SampledResult(samples, [{"idx": r["idx"], "right": right[model] if r["idx"] else 0,
                                         "formatted": samples} for r in rows], 1.0, model)
 
-    from grpo_course.measure import whole_problems
-    monkeypatch.setattr(whole_problems, "evaluate_sampled", sampled)   # the cache the benches share
+    _patch_sampling(monkeypatch, sampled)                           # the cache the benches share
     monkeypatch.setattr(bench, "held_out_rows", lambda split, n, offset, lines_left: [
         {"idx": i, "question": f"q{i}", "answer": "#### 1", "start": "s"} for i in range(n)])
     out_file = tmp_path / "curve.json"
@@ -205,7 +214,6 @@ def test_the_learning_curve_answers_whole_problems_and_names_the_best_mix(tmp_pa
     """A run at one line left beside one that mixes starts: both sampled at one line left, both
     answering the same whole problems greedily, McNemar against step 0, and the best on whole
     problems named with its recipe."""
-    from grpo_course.measure import whole_problems
     from grpo_course.measure.evaluate import EvalResult, SampledResult
     bench = _bench("learning_curve")
     monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
@@ -223,7 +231,7 @@ def test_the_learning_curve_answers_whole_problems_and_names_the_best_mix(tmp_pa
         return SampledResult(samples, [{"idx": r["idx"], "right": 1, "formatted": samples}
                                        for r in rows], 1.0, model)
 
-    monkeypatch.setattr(whole_problems, "evaluate_sampled", sampled)
+    _patch_sampling(monkeypatch, sampled)
     monkeypatch.setattr(bench, "held_out_rows", lambda split, n, offset, lines_left=None: [
         {"idx": i, "question": f"q{i}", "answer": "#### 1", "start": f"left {lines_left}"}
         for i in range(n)])
