@@ -210,11 +210,15 @@ def verdict_sentence(tests: dict[str, Any], name: str = "the curriculum run") ->
         return (f"{name} passed the test fixed before it trained: on whole problems both greedy "
                 f"accuracy and sampled pass@1 rose (p = {g['mcnemar']['p_value']:.2g} and "
                 f"{s['pass_at_1']['p_value']:.2g}) with a format rate of at least {MIN_FORMAT:.0%}")
-    failed = [what for what, ok in (("greedy accuracy did not rise significantly", v["greedy_rose"]),
-                                    ("sampled pass@1 did not rise significantly", v["sampled_rose"]),
-                                    (f"the format rate fell below {MIN_FORMAT:.0%}", v["format_ok"]))
-              if not ok]
-    return f"{name} did not pass the test fixed before it trained: {'; '.join(failed)}"
+    parts = (("greedy accuracy", v["greedy_rose"], g["after"] - g["before"], g["mcnemar"]["p_value"]),
+             ("sampled pass@1", v["sampled_rose"], s["pass_at_1"]["difference"], s["pass_at_1"]["p_value"]))
+    failed = [f"{what} {'fell' if change < 0 and p < ALPHA else 'did not rise significantly'} (p = {p:.2g})"
+              for what, ok, change, p in parts if not ok]
+    if not v["format_ok"]:
+        failed.append(f"the format rate fell below {MIN_FORMAT:.0%}")
+    held = [f"{what} rose (p = {p:.2g})" for what, ok, change, p in parts if ok]
+    return (f"{name} did not pass the test fixed before it trained: {'; '.join(failed)}"
+            + (f", while {' and '.join(held)}" if held else ""))
 
 
 # ---- chapter 5's reading of the run: its starts during training, and the live re-check
@@ -308,7 +312,7 @@ def shipped_sentence(reference_fixed: dict[str, Any] | None, curriculum: dict[st
     else:
         head = f"{rose} of the {len(rows)} shipped tests rose" if rose else \
             f"none of the {len(rows)} shipped tests shows a detectable gain"
-    verdict = (f"by its tests fixed in advance, {verdict_sentence(curriculum['run'])}" if curriculum else
+    verdict = (verdict_sentence(curriculum["run"]) if curriculum else
                "the curriculum run's tests, fixed before it trained, have not run yet (python bench/curriculum_test.py)")
     return f"on whole GSM8K test problems, {head}" + (f": {said}" if detail else "") + \
         f". {verdict[0].upper()}{verdict[1:]}"
