@@ -27,6 +27,8 @@ SAMPLING_DTYPES = ("auto", "float32", "bfloat16")   # GRPOConfig.sampling_dtype 
 WHOLE = "whole"          # GRPOConfig.start_mix: the whole problem (no gold line given)
 PROMPT_ORDERS = ("random", "easy_first", "sequential")   # GRPOConfig.prompt_order
 PROMPT_POOLS = ("all", "mixed")                          # GRPOConfig.prompt_pool
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")         # GRPOConfig.loss_type (core.grpo computes each)
+SCALES = ("group", "batch", "none")                      # GRPOConfig.scale_rewards
 
 
 class ConfigError(CourseError, ValueError):
@@ -52,75 +54,98 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """The from-scratch trainer's hyper-parameters, with TRL's names where TRL has the field. Each
-    field is a flag of ``python -m grpo_course.core.train`` and a key of a YAML recipe; its ``help``
-    is the reference. By topic:
+    """The from-scratch trainer's hyper-parameters, with TRL's names where TRL has the field.
+
+    Each field is a flag of ``python -m grpo_course.core.train`` and a key of a YAML recipe, and its
+    ``help`` is the reference: what it does, where it comes from (a paper or TRL's docs) and the
+    value recommended there. The fields are grouped by topic, as in TRL's ``GRPOConfig``:
 
     > The model and its adapters
-        ``model``; LoRA (Hu et al. 2022, arXiv 2106.09685): ``use_lora``, ``lora_r``, ``lora_alpha``,
-        ``lora_dropout``, ``lora_target_modules``.
-
     > The algorithm (GRPO: Shao et al. 2024, arXiv 2402.03300)
-        ``num_generations`` (G), ``per_step_completions``, ``max_steps``, ``learning_rate``,
-        ``beta`` (the KL weight; 0 as in DAPO and Dr. GRPO), ``epsilon_low`` / ``epsilon_high``
-        (the clip range; DAPO's clip-higher recommends ``epsilon_high=0.28``, Yu et al. 2025, arXiv
-        2503.14476), ``scale_rewards``, ``num_iterations`` (μ), ``max_grad_norm``,
-        ``weight_decay``, ``reward_weights``. ``loss_type`` decides how token losses are averaged,
-        and with it the length bias: ``grpo`` averages each completion's tokens, then the
-        completions, so a token of a short completion weighs more (short right answers are pushed
-        hardest, long wrong ones least: Dr. GRPO, Liu et al. 2025, arXiv 2503.20783); ``bnpo`` and
-        ``dapo`` average over all tokens of the batch or step, every token alike (TRL's default is
-        ``dapo``); ``dr_grpo`` divides the sum by the constant B × ``max_completion_length``.
-
     > Sampling
-        ``max_completion_length``, ``temperature``, ``top_p``, ``generation_batch_size``.
-
     > The course's levers (each a field of chapter 3's recipes)
-        DAPO's dynamic sampling (``dynamic_sampling``, ``max_sampling_rounds``,
-        ``dynamic_sampling_reward``) and overlong masking (``mask_truncated_completions``); the
-        prompt order (``prompt_order``: ``easy_first`` is a curriculum, Bengio et al. 2009);
-        the reverse curriculum's start (``lines_left``) and R³'s mix of starts (``start_mix``; Xi
-        et al. 2024, arXiv 2402.05808); the balanced prompt pool (``prompt_pool``,
-        ``pool_prompts``, ``pool_samples``; arXiv 2504.03380).
-
-    > The CPU's precision and memory (the course trainer only)
-        ``sampling_dtype``, ``train_dtype``, ``sft_dtype`` (bf16 where the CPU has it natively),
-        ``train_micro_batch`` (TRL's gradient accumulation), ``gradient_checkpointing``.
-
+    > The CPU's precision and memory
     > The supervised warm-up (the course trainer only)
-        ``sft_steps``, ``sft_batch_size``, ``sft_learning_rate``.
-
     > The run and its logs
-        ``train_offset``, ``seed``, ``save_every``, ``snapshot_every``, ``report_to``;
-        ``log_every`` is read by the TRL bridge only (the course trainer logs every step).
+
+    ``loss_type`` decides how the token losses are averaged, and with it a length bias: ``grpo``
+    averages each completion's tokens, then the completions, so a token of a short completion weighs
+    more (short right answers are pushed hardest, long wrong ones least: Dr. GRPO, Liu et al. 2025,
+    arXiv 2503.20783); ``bnpo`` and ``dapo`` average over every token of the batch or the step, each
+    token alike (TRL's default is ``dapo``); ``dr_grpo`` divides the sum by the constant
+    B × ``max_completion_length``. :mod:`grpo_course.core.grpo` computes each.
     """
 
     _argument_group_name = "GRPOConfig (TRL's names; each a flag and a YAML key)"  # for --help
 
+    # ---------------------------------------------------------------- the model and its adapters
     model: str = field(default=DEFAULT_MODEL, metadata={
         "help": "Policy to train: the bundled name, a model or adapter folder, or a hub id."})
+    use_lora: bool = field(default=True, metadata={
+        "help": "Train LoRA adapters (peft; Hu et al. 2022, arXiv 2106.09685) instead of every "
+                "weight: the optimizer keeps state for the adapters alone."})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
+    lora_alpha: int = field(default=32, metadata={
+        "help": "LoRA scaling numerator (scale = alpha / r)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input."})
+    lora_target_modules: tuple[str, ...] = field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        metadata={"help": "Modules that get adapters (space-separated names): every linear layer "
+                          "of attention and MLP, as the QLoRA paper recommends (arXiv 2305.14314)."})
+
+    # ---------------------------------------------------------------- the algorithm
     num_generations: int = field(default=4, metadata={
-        "help": "G: completions sampled per prompt (the group whose mean reward is the baseline)."})
+        "help": "G: completions sampled per prompt (the group whose mean reward is the baseline). "
+                "DeepSeekMath sampled 64; TRL's default is 8."})
     per_step_completions: int = field(default=8, metadata={
         "help": "B: completions per optimizer step; prompts per step = B / G."})
+    max_steps: int = field(default=40, metadata={"help": "GRPO optimizer steps of the run."})
+    learning_rate: float = field(default=2e-4, metadata={
+        "help": "AdamW learning rate of GRPO. TRL's default, 1e-6, is a full fine-tune's; LoRA's "
+                "best rate is about ten times a full fine-tune's (Schulman et al. 2025, \"LoRA "
+                "Without Regret\")."})
+    beta: float = field(default=0.0, metadata={
+        "help": "KL weight; 0 keeps no reference model in memory. TRL's default is 0, as in DAPO "
+                "and Dr. GRPO; DeepSeek-R1 used 0.001, DeepSeekMath 0.04."})
+    epsilon_low: float = field(default=0.2, metadata={
+        "help": "Lower clipping bound of the ratio (1 - epsilon_low); TRL's epsilon, 0.2 as in PPO."})
+    epsilon_high: float | None = field(default=None, metadata={
+        "help": "Upper clipping bound of the ratio (1 + epsilon_high); none: same as epsilon_low. "
+                "DAPO's clip-higher recommends 0.28 (arXiv 2503.14476)."})
+    loss_type: str = field(default="grpo", metadata={
+        "help": f"How token losses are averaged: {' | '.join(LOSS_TYPES)} (the length bias of each: "
+                f"the class docstring). TRL's default is dapo."})
+    scale_rewards: str = field(default="group", metadata={
+        "help": f"Advantage scaling by the reward std: {' | '.join(SCALES)}. group is GRPO's; Dr. "
+                f"GRPO recommends none (dividing by a group's std weighs too-easy and too-hard "
+                f"questions up)."})
+    num_iterations: int = field(default=1, metadata={
+        "help": "mu: optimizer updates per sampled batch (the ratio leaves 1 after the first). "
+                "GRPO's and TRL's default is 1."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm (TRL's default)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    reward_weights: dict[str, float] = field(default_factory=lambda: {
+        "correctness": 1.0, "exact_format": 0.5, "number_extraction": 0.5}, metadata={
+        "help": "Reward functions and their weights; a JSON object on the command line, "
+                "e.g. '{\"correctness\": 1.0}'."})
+
+    # ---------------------------------------------------------------- sampling
     max_completion_length: int = field(default=128, metadata={
         "help": "Most new tokens sampled per completion."})
-    max_steps: int = field(default=40, metadata={"help": "GRPO optimizer steps of the run."})
-    learning_rate: float = field(default=2e-4, metadata={"help": "AdamW learning rate of GRPO."})
-    beta: float = field(default=0.0, metadata={
-        "help": "KL weight; 0 keeps no reference model in memory."})
-    epsilon_low: float = field(default=0.2, metadata={
-        "help": "Lower clipping bound of the ratio (1 - epsilon_low)."})
-    epsilon_high: float | None = field(default=None, metadata={
-        "help": "Upper clipping bound of the ratio (1 + epsilon_high); none: same as epsilon_low."})
-    loss_type: str = field(default="grpo", metadata={
-        "help": "Loss normalization: grpo | bnpo | dr_grpo | dapo."})
-    scale_rewards: str = field(default="group", metadata={
-        "help": "Advantage scaling by the reward std: group | batch | none."})
-    num_iterations: int = field(default=1, metadata={
-        "help": "mu: optimizer updates per sampled batch (the ratio leaves 1 after the first)."})
+    temperature: float = field(default=1.0, metadata={
+        "help": "Sampling temperature (TRL's default, 1.0: the policy's own distribution, which the "
+                "ratio assumes)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling: keep this much probability mass."})
+    generation_batch_size: int | None = field(default=None, metadata={
+        "help": "Completions sampled per sampling round (a multiple of G); none: "
+                "per_step_completions. With dynamic sampling, more than a step trains on: "
+                "sampling is cheaper than the training pass, so sample wide and train on the "
+                "informative groups."})
+
+    # ---------------------------------------------------------------- the course's levers
     mask_truncated_completions: bool = field(default=False, metadata={
-        "help": "Completions cut off by max_completion_length add no loss."})
+        "help": "Completions cut off by max_completion_length add no loss (DAPO's overlong "
+                "filtering, which it recommends for stability; TRL's default is off)."})
     dynamic_sampling: bool = field(default=False, metadata={
         "help": "DAPO: resample until the step holds enough groups with unequal rewards."})
     max_sampling_rounds: int = field(default=4, metadata={
@@ -129,14 +154,10 @@ class GRPOConfig:
         "help": "Dynamic sampling keeps a group when this reward function's values differ in it "
                 "(DAPO filters on accuracy: 'correctness'); computed with weight 0 when "
                 "reward_weights leaves it out; none: the weighted total reward."})
-    generation_batch_size: int | None = field(default=None, metadata={
-        "help": "Completions sampled per sampling round (a multiple of G); none: "
-                "per_step_completions. With dynamic sampling, more than a step trains on: "
-                "sampling is cheaper than the training pass, so sample wide and train on the "
-                "informative groups."})
     prompt_order: str = field(default="random", metadata={
-        "help": "random | easy_first (basic -> intermediate -> advanced, chapter 1's strata) | "
-                "sequential (the data set's own order: TRL's shuffle_dataset=False)."})
+        "help": f"{' | '.join(PROMPT_ORDERS)}: easy_first (basic -> intermediate -> advanced, "
+                f"chapter 1's strata) is a curriculum (Bengio et al. 2009); sequential is the data "
+                f"set's own order (TRL's shuffle_dataset=False)."})
     lines_left: int | None = field(default=None, metadata={
         "help": "Reverse-curriculum start (R3): each GRPO prompt's answer begins with its gold "
                 "solution's work lines but the last K, and the model writes those K lines and "
@@ -150,18 +171,19 @@ class GRPOConfig:
                 "Empty: every prompt at lines_left's start. max_completion_length must leave "
                 "room for the longest start (whole problems)."})
     prompt_pool: str = field(default="all", metadata={
-        "help": "all | mixed: a balanced prompt pool (arXiv 2504.03380). Once, at the run's start, "
-                "the warm start samples pool_samples answers to each of the first pool_prompts "
-                "prompts of GRPO's order, and GRPO then trains only on the prompts it solved "
-                "sometimes (a right-answer rate strictly between 0 and 1), whose groups are the "
-                "ones whose correctness reward teaches."})
+        "help": f"{' | '.join(PROMPT_POOLS)}: mixed is a balanced prompt pool (arXiv 2504.03380). "
+                f"Once, at the run's start, the warm start samples pool_samples answers to each of "
+                f"the first pool_prompts prompts of GRPO's order, and GRPO then trains only on the "
+                f"prompts it solved sometimes (a right-answer rate strictly between 0 and 1), whose "
+                f"groups are the ones whose correctness reward teaches."})
     pool_prompts: int = field(default=512, metadata={
         "help": "Prompts the mixed pool screens (the first of GRPO's order; the warm-up draws "
                 "its rows from the order's other end)."})
     pool_samples: int | None = field(default=None, metadata={
         "help": "Samples per screened prompt; none: num_generations."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature."})
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling: keep this much probability mass."})
+
+    # ---------------------------------------------------------------- the CPU's precision and memory
+    # (the course trainer only, but gradient_checkpointing: the TRL bridge runs TRL in fp32)
     sampling_dtype: str = field(default="auto", metadata={
         "help": "Sampler weights: auto (bf16 on bf16-capable CPUs) | float32 | bfloat16."})
     train_dtype: str = field(default="auto", metadata={
@@ -172,34 +194,23 @@ class GRPOConfig:
                 "trained completion at once. The same update "
                 "(the loss of each pass is weighed by its share of the batch), with the "
                 "activations of fewer rows in memory at a time. TRL's gradient accumulation."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm."})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
     gradient_checkpointing: bool = field(default=False, metadata={
         "help": "Activation checkpointing in the training pass: keep only each layer's input and "
-                "recompute the rest in the backward pass (less memory, one more forward)."})
-    use_lora: bool = field(default=True, metadata={
-        "help": "Train LoRA adapters (peft) instead of every weight."})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank."})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input."})
-    lora_target_modules: tuple[str, ...] = field(
-        default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-        metadata={"help": "Modules that get adapters (space-separated names)."})
-    reward_weights: dict[str, float] = field(default_factory=lambda: {
-        "correctness": 1.0, "exact_format": 0.5, "number_extraction": 0.5}, metadata={
-        "help": "Reward functions and their weights; a JSON object on the command line, "
-                "e.g. '{\"correctness\": 1.0}'."})
+                "recompute the rest in the backward pass (less memory, one more forward). Both "
+                "trainers; TRL's default is on."})
+
+    # ---------------------------------------------------------------- the supervised warm-up
+    # (the course trainer only)
     sft_steps: int = field(default=0, metadata={
         "help": "Supervised warm-up steps on GSM8K train solutions before GRPO."})
     sft_batch_size: int = field(default=8, metadata={"help": "Solutions per warm-up step."})
     sft_learning_rate: float = field(default=5e-4, metadata={"help": "AdamW learning rate of the warm-up."})
     sft_dtype: str = field(default="auto", metadata={
         "help": "Warm-up matmuls: auto (bf16 autocast on bf16-capable CPUs) | float32 | bfloat16."})
+
+    # ---------------------------------------------------------------- the run and its logs
     train_offset: int = field(default=0, metadata={"help": "First GSM8K train row used."})
     seed: int = field(default=0, metadata={"help": "Seed of the prompt order, LoRA init and sampling."})
-    log_every: int = field(default=1, metadata={
-        "help": "Steps between logged rows (kept for TRL-style recipes: the course trainer "
-                "logs every step)."})
     save_every: int = field(default=0, metadata={
         "help": "Steps between checkpoints; 0: only at the end (and on Ctrl-C)."})
     snapshot_every: int = field(default=0, metadata={
@@ -208,18 +219,19 @@ class GRPOConfig:
     report_to: str = field(default="none", metadata={
         "help": "none | trackio: also log every step to trackio, offline (pip install trackio; "
                 "open the dashboard with `trackio show`). TRL's name."})
+    log_every: int = field(default=1, metadata={
+        "help": "The TRL bridge only: steps between TRL's logged rows (its logging_steps). The "
+                "course trainer logs every step."})
 
     def __post_init__(self) -> None:
         check_group_config(self.num_generations, self.per_step_completions)
         if self.max_completion_length <= 0:
             raise ConfigError(
                 f"max_completion_length must be > 0, got {self.max_completion_length}")
-        if self.loss_type not in ("grpo", "bnpo", "dr_grpo", "dapo"):
-            raise ConfigError(
-                f"loss_type must be one of grpo, bnpo, dr_grpo, dapo; got {self.loss_type!r}")
-        if self.scale_rewards not in ("group", "batch", "none"):
-            raise ConfigError(
-                f"scale_rewards must be group, batch or none; got {self.scale_rewards!r}")
+        if self.loss_type not in LOSS_TYPES:
+            raise ConfigError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {self.loss_type!r}")
+        if self.scale_rewards not in SCALES:
+            raise ConfigError(f"scale_rewards must be one of {', '.join(SCALES)}; got {self.scale_rewards!r}")
         for name in ("sampling_dtype", "sft_dtype", "train_dtype"):
             if getattr(self, name) not in SAMPLING_DTYPES:
                 raise ConfigError(f"{name} must be one of {', '.join(SAMPLING_DTYPES)}; "

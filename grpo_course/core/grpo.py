@@ -8,7 +8,8 @@
 3. :func:`grpo_loss` is the clipped surrogate with the k3 KL, aggregated exactly as
    TRL's ``GRPOTrainer`` does for ``loss_type`` grpo, bnpo, dr_grpo and dapo.
 
-It imports nothing from the package: the functions take and return tensors. The training loop
+It imports nothing from the package but the names of its options (``config.LOSS_TYPES`` and
+``config.SCALES``, where ``GRPOConfig`` checks them): the functions take and return tensors. The training loop
 that calls them lives in :mod:`grpo_course.core.train`; the log-probs, and how a transformers model is
 made to give them fast (the shared prompt cache, the chunked head, the attention and bf16 casts of
 the training pass), live in :mod:`grpo_course.core.policy`.
@@ -17,8 +18,7 @@ from __future__ import annotations
 
 import torch
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-SCALES = ("group", "batch", "none")
+from grpo_course.config import LOSS_TYPES, SCALES
 
 
 # ---------------------------------------------------------------- 1. advantages
