@@ -99,7 +99,7 @@ def cached_samples(folder: str | Path, rows, samples: int, max_new_tokens: int, 
            "max_new_tokens": max_new_tokens, "temperature": TEMPERATURE, "seed": seed,
            "batch_prompts": BATCH_PROMPTS,
            "dtype": str(resolve_sampling_dtype("auto") or "float32"),     # bf16 where native
-           "code": code_fingerprint("grpo_course.measure.evaluate")}
+           "code": code_fingerprint(__name__)}     # the block sampling here and the sampler it imports
     records, seconds, model = [], 0.0, None
     for lo in range(0, len(rows), CACHE_BLOCK):
         path = keyed_cache_file(kind, {**key, "block": [lo, lo + CACHE_BLOCK]})
