@@ -131,9 +131,6 @@ def phase_changes(a: EvalResult, b: EvalResult, dataset) -> dict[str, Any]:
     return out
 
 
-#: what a phase must show on a held-out slice to count as teaching gold steps without farming
-#: them (issue 42): step F1 up, gold step reached up, at most 10 % more equations per answer,
-#: a right-equation share at most 2 points lower, and format at or above 95 %
 def churn_reading(changes: dict[str, Any]) -> str:
     """What the overlap of two models' solved problems says (:func:`phase_changes`' ``overlap``):
     nothing where one solved none or fewer than 5, else whether they share more solved problems than
@@ -154,6 +151,9 @@ def churn_reading(changes: dict[str, Any]) -> str:
             "solved survived GRPO's change of the weights")
 
 
+#: what a phase must show on a held-out slice to count as teaching gold steps without farming
+#: them (issue 42): step F1 up, gold step reached up, at most 10 % more equations per answer,
+#: a right-equation share at most 2 points lower, and format at or above 95 %
 NO_FARMING_BARS = {"alpha": 0.05, "max_equation_growth": 0.10, "max_right_share_drop": 0.02,
                    "min_format": 0.95}
 
