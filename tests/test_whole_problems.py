@@ -151,10 +151,21 @@ def test_what_the_course_shows_on_whole_problems_comes_from_the_shipped_records(
     assert [r["run"] for r in both] == ["reference run", "curriculum run", "curriculum run", "reference run",
                                         "reference run"]
     said = wp.shipped_sentence(fixed, {"run": record, "reference": record})
-    assert said.startswith("on whole GSM8K test problems, none of the 5 shipped tests shows a detectable gain")
+    assert said.startswith("on whole GSM8K test problems, none of the 5 shipped tests shows a detectable change")
     assert said.endswith("sampled pass@1 did not rise significantly (p = 0.2)")
     assert ". The curriculum run did not pass the test fixed before it trained" in said
     assert "no test on whole problems" in wp.shipped_sentence(None, None)
+
+
+def test_the_shipped_sentence_counts_falls_beside_rises(monkeypatch):
+    row = {"run": "r", "test": "t", "warm start %": 1.0, "run %": 2.0, "interval or pairs": "x", "p": 0.01}
+    readings = ["rose", "fell", "no detectable change"]
+    monkeypatch.setattr(wp, "shipped_rows", lambda *a: [{**row, "reading": r} for r in readings])
+    said = wp.shipped_sentence(None, None, detail=False)
+    assert said.startswith("on whole GSM8K test problems, of the 3 shipped tests 1 rose and 1 fell, the rest")
+    monkeypatch.setattr(wp, "shipped_rows", lambda *a: [{**row, "reading": "fell"}])
+    assert wp.shipped_sentence(None, None, detail=False).startswith(
+        "on whole GSM8K test problems, the one shipped test fell")
 
 
 def test_a_live_change_of_zero_does_not_agree_with_a_fall():

@@ -306,12 +306,15 @@ def shipped_sentence(reference_fixed: dict[str, Any] | None, curriculum: dict[st
         return "no test on whole problems has been run yet (make reference-run; python bench/curriculum_test.py)"
     said = "; ".join(f"{r['run']}, {r['test']}: {r['warm start %']:.1f} → {r['run %']:.1f} % "
                      f"({r['interval or pairs']}, p = {r['p']:.2g}: {r['reading']})" for r in rows)
-    rose = sum(r["reading"] == "rose" for r in rows)
+    rose, fell = (sum(r["reading"] == word for r in rows) for word in ("rose", "fell"))
     if len(rows) == 1:
-        head = "the one shipped test " + ("rose" if rose else "shows no detectable gain")
+        head = "the one shipped test " + {"rose": "rose", "fell": "fell"}.get(rows[0]["reading"],
+                                                                             "shows no detectable change")
+    elif rose or fell:
+        moved = " and ".join(f"{k} {word}" for k, word in ((rose, "rose"), (fell, "fell")) if k)
+        head = f"of the {len(rows)} shipped tests {moved}, the rest show no detectable change"
     else:
-        head = f"{rose} of the {len(rows)} shipped tests rose" if rose else \
-            f"none of the {len(rows)} shipped tests shows a detectable gain"
+        head = f"none of the {len(rows)} shipped tests shows a detectable change"
     verdict = (verdict_sentence(curriculum["run"]) if curriculum else
                "the curriculum run's tests, fixed before it trained, have not run yet (python bench/curriculum_test.py)")
     return f"on whole GSM8K test problems, {head}" + (f": {said}" if detail else "") + \
