@@ -42,3 +42,22 @@ def test_a_shipped_file_without_a_date_gives_its_commit_date():
     if day:                                   # a clone with history (not a Colab copy)
         assert shipped("data/headroom.json", {"cpu": "AMD EPYC"}) == f"shipped: data/headroom.json (AMD EPYC, committed {day})"
     assert committed("data/no_such_file.json") is None
+
+
+def test_a_changed_file_claims_no_commit_date(tmp_path, monkeypatch):
+    """A file changed since its last commit holds a newer measurement than that commit's date."""
+    import subprocess
+
+    import grpo_course.book.results as R
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    git("init", "-q")
+    (tmp_path / "r.json").write_text("{}")
+    git("add", "r.json")
+    git("commit", "-qm", "r")
+    monkeypatch.setattr(R, "project_root", lambda: tmp_path)
+    assert R.committed("r.json")
+    (tmp_path / "r.json").write_text('{"new": 1}')
+    assert R.committed("r.json") is None

@@ -31,13 +31,17 @@ def result(measure: str, value: str, reading: str = "", n: int | str = "", inter
 
 def committed(path: str) -> str | None:
     """The date ``path`` (relative to the project) was last committed, from git; ``None`` outside a
-    clone (a Colab or Binder copy may have no history)."""
+    clone (a Colab or Binder copy may have no history) or where the file has changed since (its
+    last commit dates an older measurement)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args, "--", path], cwd=project_root(), capture_output=True,
+                              text=True, timeout=10).stdout.strip()
     try:
-        out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", path], cwd=project_root(),
-                             capture_output=True, text=True, timeout=10)
+        if git("status", "--porcelain"):
+            return None
+        return git("log", "-1", "--format=%cs") or None
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
 
 
 def shipped(path: str, facts: dict[str, Any] | None) -> str:
