@@ -373,7 +373,7 @@ def test_the_fixed_tests_words_come_from_the_shipped_record():
     moved = copy.deepcopy(live)
     moved["slices"][0]["sampled"]["after"]["right"] = [0, 0, 0, 0]
     text = live_recheck_sentence(moved, fixed, 4)
-    assert f"1 of {2 * len(fixed['slices'])} models' counts differ" in text
+    assert f"1 of {2 * len(fixed['slices'])} model-slice counts differ" in text
     assert "the verdict below is the benchmark's" in text
 
 

@@ -315,8 +315,9 @@ def recheck_sentence(pairs: list[tuple[dict[str, Any], dict[str, Any]]], problem
     sign = lambda x: (x > 0) - (x < 0)           # a change of 0 moves neither way
     agree = all(sign(a) == sign(b) for a, b in zip(mine, theirs, strict=True))
     points = lambda xs: ", ".join(f"{100 * x:+.1f}" for x in xs)
+    counted = "model-slice counts" if len(pairs) > 1 else "models' counts"
     return (f"the page sampled the first {problems} problems of {what} again and {sum(not s for s in same)} "
-            f"of {len(same)} models' counts differ from the benchmark's (this machine samples differently: "
+            f"of {len(same)} {counted} differ from the benchmark's (this machine samples differently: "
             f"bf16 against fp32, another CPU, or the run changed since the benchmark). On those problems the "
             f"live change of pass@1 was {points(mine)} points against the benchmark's {points(theirs)}"
             + (", slice by slice" if len(pairs) > 1 else "") + f": the verdict below is the benchmark's, "
