@@ -308,8 +308,8 @@ def shipped_sentence(reference_fixed: dict[str, Any] | None, curriculum: dict[st
                      f"({r['interval or pairs']}, p = {r['p']:.2g}: {r['reading']})" for r in rows)
     rose, fell = (sum(r["reading"] == word for r in rows) for word in ("rose", "fell"))
     if len(rows) == 1:
-        head = "the one shipped test " + {"rose": "rose", "fell": "fell"}.get(rows[0]["reading"],
-                                                                             "shows no detectable change")
+        word = rows[0]["reading"]
+        head = "the one shipped test " + (word if word in ("rose", "fell") else "shows no detectable change")
     elif rose or fell:
         moved = " and ".join(f"{k} {word}" for k, word in ((rose, "rose"), (fell, "fell")) if k)
         head = f"of the {len(rows)} shipped tests {moved}, the rest show no detectable change"
