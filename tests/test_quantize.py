@@ -190,3 +190,14 @@ def test_paired_rows_compare_each_variant_with_fp32_problem_by_problem():
     assert row["reward_lo"] <= row["reward change"] <= row["reward_hi"]
     same = Q.paired_rows({"fp32": fp32, "copy": fp32}, _PAIRED_ROWS, weights)[0]
     assert same["reward change"] == 0 and same["format p"] == 1.0 and same["accuracy p"] == 1.0
+
+
+def test_cosine_change_is_paired_on_the_same_positions():
+    """Chapter 6 says one variant's logits are closer to fp32's only where the paired interval of
+    the cosines' difference lies above 0."""
+    g = torch.Generator().manual_seed(0)
+    ref = torch.randn(32, 50, generator=g)
+    near, far = ref + 0.01 * torch.randn(32, 50, generator=g), ref + 1.0 * torch.randn(32, 50, generator=g)
+    closer = Q.cosine_change(ref, far, near)
+    assert closer["n"] == 32 and closer["lo"] > 0
+    assert Q.cosine_change(ref, near, far)["hi"] < 0

@@ -383,6 +383,14 @@ def logits_agreement(reference: torch.Tensor, other: torch.Tensor) -> dict[str, 
             "positions": int(reference.shape[0])}
 
 
+def cosine_change(reference: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
+    """How much closer ``b``'s logits are to ``reference``'s than ``a``'s, position by position: the
+    paired difference of their cosines (:func:`~grpo_course.measure.stats.paired_difference`, b - a).
+    Positions of one prompt are not independent, so the interval is narrower than one over prompts."""
+    cos = lambda other: torch.nn.functional.cosine_similarity(reference, other, dim=-1).tolist()
+    return paired_difference(cos(a), cos(b))
+
+
 def paired_rows(results: dict[str, Any], dataset, weights: dict[str, float],
                 reference: str = "fp32") -> list[dict[str, Any]]:
     """Each variant of ``results`` (``EvalResult`` by name, the same problems) against
