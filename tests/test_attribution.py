@@ -216,3 +216,21 @@ def test_the_overlap_of_solved_problems_is_read_only_where_it_can_say_something(
     assert "too few" in churn_reading(changes(3, 8, 1, 0.1))
     assert "no more solved problems than unrelated" in churn_reading(changes(10, 9, 2, 1.5))
     assert "survived" in churn_reading(changes(10, 9, 6, 1.5))
+
+
+def test_length_change_reads_its_word_from_the_slope_interval():
+    """Page 3c said 'longer' or 'shorter' from ±20 % of two window means; the word now needs the
+    95 % interval of the per-step slope to leave 0."""
+    from types import SimpleNamespace
+
+    from grpo_course.measure.attribution import length_change
+    cfg = SimpleNamespace(mask_truncated_completions=True, loss_type="dapo")
+    rising = [{"completion_length": 30 + 2 * i + (i % 2)} for i in range(10)]
+    flat = [{"completion_length": 40 + (3 if i % 2 else -3)} for i in range(10)]
+    assert length_change(rising, cfg, 3)["verdict"] == "longer"
+    assert length_change(rising[::-1], cfg, 3)["verdict"] == "shorter"
+    assert length_change(flat, cfg, 3)["verdict"] == "about as long"
+    assert length_change(rising[:2], cfg, 1)["verdict"] == "too few steps to tell"
+    said = length_change(rising, SimpleNamespace(mask_truncated_completions=False, loss_type="grpo"), 3)
+    assert "cut-off answers kept in the loss" in said["pushes"] and "`grpo`" in said["pushes"]
+    assert said["first"] == (30 + 33 + 34) / 3

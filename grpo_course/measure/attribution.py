@@ -15,7 +15,8 @@ evaluations of the same problems can be compared pairwise:
   question, and what a uniform guess among those candidates scores;
 * :func:`solved_overlap`: how many problems two models both solve, against the overlap two
   unrelated guessers with the same accuracies would have;
-* :func:`phase_changes`: all of the above for two models, each with its paired test.
+* :func:`phase_changes`: all of the above for two models, each with its paired test;
+* :func:`length_change`: the completion length over a run's steps, read from its slope's interval.
 """
 from __future__ import annotations
 
@@ -29,7 +30,13 @@ from grpo_course.core.arithmetic import arithmetic_check
 from grpo_course.core.data import last_number, solution_results
 from grpo_course.core.rewards import score_completions, step_f1, weighted_sum
 from grpo_course.measure.evaluate import EvalResult
-from grpo_course.measure.stats import mcnemar_test, paired_difference, wilson_interval
+from grpo_course.measure.stats import (
+    interval_reading,
+    linear_trend,
+    mcnemar_test,
+    paired_difference,
+    wilson_interval,
+)
 
 _QUESTION_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
 
@@ -324,3 +331,28 @@ def lever_sentence(variants: dict[str, dict[str, Any]]) -> str:
                  f"against {plain['correctness reward (-1 ... 3)']:.2f} plain (chapter 2's tiers, -1 to 3: "
                  f"a mean reward, not a share of right answers)")
     return said
+
+
+def length_change(history: list[dict[str, Any]], config, window: int) -> dict[str, Any]:
+    """The completion length over a run (``history``: its metrics rows) in words: the mean over its
+    first and last ``window`` steps, its direction read from the 95 % interval of the per-step slope
+    (``longer``, ``shorter``, ``about as long``; ``too few steps to tell`` below 3 steps), what in
+    ``config`` pushes GRPO toward shorter answers, and what the direction says about those pushes."""
+    lengths = [float(r["completion_length"]) for r in history]
+    trend = linear_trend(lengths)
+    word = ("too few steps to tell" if trend["n"] < 3 else
+            {"rose": "longer", "fell": "shorter"}.get(interval_reading(trend["lo"], trend["hi"]), "about as long"))
+    pushes = ["a correctness reward of −1 for a missing answer (a cut-off answer has none)"]
+    if not config.mask_truncated_completions:
+        pushes.append("cut-off answers kept in the loss")
+    if config.loss_type == "grpo":
+        pushes.append("`grpo`'s per-completion mean, under which each token of a short completion weighs more")
+    means = lambda part: sum(part) / len(part) if part else float("nan")
+    return {"first": means(lengths[:window]), "last": means(lengths[-window:]), "trend": trend,
+            "verdict": word, "pushes": "; ".join(pushes),
+            "reading": {"shorter": "a shorter answer can mean a policy that learned to stop or one that learned "
+                                   "to say less; the held-out tests below tell which",
+                        "longer": "the answers grew longer all the same, so these pushes did not decide the "
+                                  "length in this run",
+                        }.get(word, "the length did not move detectably, so these pushes did not show in "
+                                    "this run")}
