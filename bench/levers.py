@@ -62,6 +62,10 @@ def run_variant(name: str, changes: dict, steps: int, warm_dir, train) -> dict:
             "trained_group_share": statistics.fmean(r["informative_groups"] / groups for r in rows),
             "informative_share_sampled": 1 - mean("frac_reward_zero_std"),
             "prompts_sampled_per_step": mean("prompts_sampled"),
+            # exact counts for the intervals (under dynamic sampling a step samples more groups)
+            "groups_sampled": sum(int(r["prompts_sampled"]) for r in rows),
+            "informative_groups_sampled": sum(round(r["prompts_sampled"] * (1 - r["frac_reward_zero_std"]))
+                                              for r in rows),
             "correctness": mean("rewards/correctness"),
             "completion_length": mean("completion_length"),
             "truncated_share": mean("clipped_ratio"),

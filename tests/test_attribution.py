@@ -204,6 +204,10 @@ def test_the_lever_benchmark_reads_with_intervals_and_ties():
     assert "do not separate them" in said and "tiers, -1 to 3" in said
     far = lever_sentence({"plain": v(0.1, prompts=20.0), "G=8": v(0.9, prompts=20.0)})
     assert far.endswith("the intervals do not overlap")
+    # a newer record counts its groups: 5 steps of dynamic sampling drew 16 groups, 9 informative
+    counted = lever_rows({"dynamic_sampling": {**v(0.55, prompts=3.2), "groups_sampled": 16,
+                                               "informative_groups_sampled": 9}})[0]
+    assert counted["groups sampled"] == 16 and counted["informative groups %"] == 100 * 9 / 16
 
 
 def test_the_overlap_of_solved_problems_is_read_only_where_it_can_say_something():

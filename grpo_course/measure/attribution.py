@@ -299,10 +299,14 @@ def lever_rows(variants: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     correctness reward is chapter 2's tiers (-1 ... 3), a mean, not a share."""
     rows = []
     for name, v in variants.items():
-        groups = round(v["steps"] * v["prompts_sampled_per_step"])
-        lo, hi = wilson_interval(round(v["informative_share_sampled"] * groups), groups)
+        if "groups_sampled" in v:                   # counted by the bench
+            groups, informative = v["groups_sampled"], v["informative_groups_sampled"]
+        else:                                       # an older record: counts from its per-step means
+            groups = round(v["steps"] * v["prompts_sampled_per_step"])
+            informative = round(v["informative_share_sampled"] * groups)
+        lo, hi = wilson_interval(informative, groups)
         rows.append({"variant": LEVERS.get(name, name), "groups sampled": groups,
-                     "informative groups %": 100 * v["informative_share_sampled"],
+                     "informative groups %": 100 * informative / groups,
                      "95 % CI": f"{100 * lo:.0f}-{100 * hi:.0f}", "lo": lo, "hi": hi,
                      "steps with signal %": 100 * v["steps_with_signal"], "s per step": v["s_per_step"],
                      "correctness reward (-1 ... 3)": v["correctness"],
