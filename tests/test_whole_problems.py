@@ -163,6 +163,9 @@ def test_the_shipped_sentence_counts_falls_beside_rises(monkeypatch):
     monkeypatch.setattr(wp, "shipped_rows", lambda *a: [{**row, "reading": r} for r in readings])
     said = wp.shipped_sentence(None, None, detail=False)
     assert said.startswith("on whole GSM8K test problems, of the 3 shipped tests 1 rose and 1 fell, the rest")
+    monkeypatch.setattr(wp, "shipped_rows", lambda *a: [{**row, "reading": r} for r in ("rose", "fell")])
+    assert wp.shipped_sentence(None, None, detail=False).startswith(
+        "on whole GSM8K test problems, of the 2 shipped tests 1 rose and 1 fell. ")
     monkeypatch.setattr(wp, "shipped_rows", lambda *a: [{**row, "reading": "fell"}])
     assert wp.shipped_sentence(None, None, detail=False).startswith(
         "on whole GSM8K test problems, the one shipped test fell")

@@ -358,5 +358,6 @@ def length_change(history: list[dict[str, Any]], config, window: int) -> dict[st
                                    "to say less; the held-out tests below tell which",
                         "longer": "the answers grew longer all the same, so these pushes did not decide the "
                                   "length in this run",
+                        "too few steps to tell": "a run this short cannot show whether they did",
                         }.get(word, "the length did not move detectably, so these pushes did not show in "
                                     "this run")}

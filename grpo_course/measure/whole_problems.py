@@ -99,7 +99,7 @@ def cached_samples(folder: str | Path, rows, samples: int, max_new_tokens: int, 
            "max_new_tokens": max_new_tokens, "temperature": TEMPERATURE, "seed": seed,
            "batch_prompts": BATCH_PROMPTS,
            "dtype": str(resolve_sampling_dtype("auto") or "float32"),     # bf16 where native
-           "code": code_fingerprint(__name__)}     # the block sampling here and the sampler it imports
+           "code": code_fingerprint("grpo_course.measure.whole_problems")}    # with the sampler it imports
     records, seconds, model = [], 0.0, None
     for lo in range(0, len(rows), CACHE_BLOCK):
         path = keyed_cache_file(kind, {**key, "block": [lo, lo + CACHE_BLOCK]})
@@ -312,7 +312,8 @@ def shipped_sentence(reference_fixed: dict[str, Any] | None, curriculum: dict[st
         head = "the one shipped test " + (word if word in ("rose", "fell") else "shows no detectable change")
     elif rose or fell:
         moved = " and ".join(f"{k} {word}" for k, word in ((rose, "rose"), (fell, "fell")) if k)
-        head = f"of the {len(rows)} shipped tests {moved}, the rest show no detectable change"
+        head = f"of the {len(rows)} shipped tests {moved}" + (
+            ", the rest show no detectable change" if rose + fell < len(rows) else "")
     else:
         head = f"none of the {len(rows)} shipped tests shows a detectable change"
     verdict = (verdict_sentence(curriculum["run"]) if curriculum else
