@@ -240,5 +240,5 @@ def test_every_config_field_sits_under_a_topic_that_the_docstring_names():
             placed[name.group(1)] = topic
     fields = [f.name for f in dataclasses.fields(GRPOConfig)]
     assert [f for f in fields if f not in placed] == []
-    headings = [h.split(" (")[0].lower() for h in re.findall(r"^    > (.+)$", GRPOConfig.__doc__, re.M)]
+    headings = [h.split(" (")[0].lower() for h in re.findall(r"^> (.+)$", inspect.getdoc(GRPOConfig), re.M)]
     assert headings == [t.lower() for t in topics]
