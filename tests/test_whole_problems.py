@@ -62,6 +62,9 @@ def test_the_record_reads_in_words_from_its_numbers():
     fell = _record(before=0.03, after=0.01, p_greedy=0.001)
     assert wp.result_rows(fell, "x")[0]["reading"] == "fell"
     assert "passed the test" in wp.verdict_sentence(_record(p_sampled=0.01, diff=0.01, lo=0.002))
+    # the reference run trained before the tests were written: they were applied after it
+    assert wp.verdict_sentence(record, "the reference run", fixed_before=False).startswith(
+        "the reference run did not pass the same test, applied after it trained:")
 
 
 def test_start_table_counts_each_start_and_its_right_share_early_and_late():

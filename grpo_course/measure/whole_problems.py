@@ -203,11 +203,14 @@ def result_rows(tests: dict[str, Any], name: str) -> list[dict[str, Any]]:
              "p": d["p_value"], "reading": reading(d["difference"], d["p_value"], ALPHA)}]
 
 
-def verdict_sentence(tests: dict[str, Any], name: str = "the curriculum run") -> str:
-    """Whether ``name`` passed the tests fixed before it trained, and which part decided it."""
+def verdict_sentence(tests: dict[str, Any], name: str = "the curriculum run", fixed_before: bool = True) -> str:
+    """Whether ``name`` passed the tests, and which part decided it. ``fixed_before``: the tests were
+    written before it trained (the curriculum run); else the same tests applied after (the
+    reference run, trained before they were written)."""
     v, g, s = tests["verdict"], tests["greedy"], tests["sampled"]
+    test = "the test fixed before it trained" if fixed_before else "the same test, applied after it trained"
     if v["passed"]:
-        return (f"{name} passed the test fixed before it trained: on whole problems both greedy "
+        return (f"{name} passed {test}: on whole problems both greedy "
                 f"accuracy and sampled pass@1 rose (p = {g['mcnemar']['p_value']:.2g} and "
                 f"{s['pass_at_1']['p_value']:.2g}) with a format rate of at least {MIN_FORMAT:.0%}")
     parts = (("greedy accuracy", v["greedy_rose"], g["after"] - g["before"], g["mcnemar"]["p_value"]),
@@ -217,7 +220,7 @@ def verdict_sentence(tests: dict[str, Any], name: str = "the curriculum run") ->
     if not v["format_ok"]:
         failed.append(f"the format rate fell below {MIN_FORMAT:.0%}")
     held = [f"{what} rose (p = {p:.2g})" for what, ok, change, p in parts if ok]
-    return (f"{name} did not pass the test fixed before it trained: {'; '.join(failed)}"
+    return (f"{name} did not pass {test}: {'; '.join(failed)}"
             + (f", while {' and '.join(held)}" if held else ""))
 
 
