@@ -131,11 +131,19 @@ def test_trend_words_come_from_the_slopes_interval():
 
 
 def test_interval_reading_and_difference_reading_follow_the_interval_and_p():
-    from grpo_course.measure.stats import difference_reading, interval_reading, paired_difference
+    from grpo_course.measure.stats import (
+        difference_reading,
+        interval_reading,
+        interval_words,
+        paired_difference,
+    )
 
     assert interval_reading(0.1, 0.4) == "rose"
     assert interval_reading(-0.4, -0.1) == "fell"
     assert interval_reading(-0.1, 0.4) == "no detectable change"
+    assert interval_reading(0.0, 0.4) == "no detectable change"           # an interval that touches 0 holds it
+    words = ("longer", "shorter", "about as long")
+    assert [interval_words(lo, hi, *words) for lo, hi in ((1, 2), (-2, -1), (-1, 1))] == list(words)
     up = paired_difference([0, 0, 0, 0, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0])
     assert difference_reading(up).startswith("rose, p = ")
     flat = paired_difference([0, 1, 0, 1], [1, 0, 0, 1])

@@ -31,7 +31,7 @@ from grpo_course.core.data import last_number, solution_results
 from grpo_course.core.rewards import score_completions, step_f1, weighted_sum
 from grpo_course.measure.evaluate import EvalResult
 from grpo_course.measure.stats import (
-    interval_reading,
+    interval_words,
     linear_trend,
     mcnemar_test,
     paired_difference,
@@ -345,7 +345,7 @@ def length_change(history: list[dict[str, Any]], config, window: int) -> dict[st
     lengths = [float(r["completion_length"]) for r in history]
     trend = linear_trend(lengths)
     word = ("too few steps to tell" if trend["n"] < 3 else
-            {"rose": "longer", "fell": "shorter"}.get(interval_reading(trend["lo"], trend["hi"]), "about as long"))
+            interval_words(trend["lo"], trend["hi"], "longer", "shorter", "about as long"))
     pushes = ["a correctness reward of −1 for a missing answer (a cut-off answer has none)"]
     if not config.mask_truncated_completions:
         pushes.append("cut-off answers kept in the loss")

@@ -112,10 +112,16 @@ def reading(change: float, p: float, alpha: float = 0.05) -> str:
     return "rose" if change > 0 else "fell"
 
 
+def interval_words(lo: float, hi: float, rose: str, fell: str, neither: str) -> str:
+    """A change in the caller's words, decided by its 95 % interval: ``rose`` where the interval
+    lies above 0, ``fell`` where below, else ``neither`` (the interval holds 0)."""
+    return rose if lo > 0 else fell if hi < 0 else neither
+
+
 def interval_reading(lo: float, hi: float) -> str:
     """A change in plain words, decided by its 95 % interval: ``rose`` where it lies above 0,
     ``fell`` where below, else ``no detectable change``."""
-    return "rose" if lo > 0 else "fell" if hi < 0 else "no detectable change"
+    return interval_words(lo, hi, "rose", "fell", "no detectable change")
 
 
 def difference_reading(d: dict[str, float]) -> str:

@@ -372,11 +372,16 @@ def prompt_logits(model, tokenizer, prompts: Sequence[str], last_k: int = 16) ->
     return torch.cat(rows)
 
 
-def logits_agreement(reference: torch.Tensor, other: torch.Tensor) -> dict[str, float]:
-    """Cosine similarity of logit vectors (mean, min), top-1 agreement, max |diff|."""
+def position_cosines(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """The cosine similarity of two models' logit vectors at each position (``[positions]``)."""
     if reference.shape != other.shape:
         raise ValueError(f"logit shapes differ: {tuple(reference.shape)} vs {tuple(other.shape)}")
-    cos = torch.nn.functional.cosine_similarity(reference, other, dim=-1)
+    return torch.nn.functional.cosine_similarity(reference, other, dim=-1)
+
+
+def logits_agreement(reference: torch.Tensor, other: torch.Tensor) -> dict[str, float]:
+    """Cosine similarity of logit vectors (mean, min), top-1 agreement, max |diff|."""
+    cos = position_cosines(reference, other)
     top1 = (reference.argmax(-1) == other.argmax(-1)).float()
     return {"cosine_mean": cos.mean().item(), "cosine_min": cos.min().item(),
             "top1_agreement": top1.mean().item(), "max_abs_diff": (reference - other).abs().max().item(),
@@ -387,8 +392,7 @@ def cosine_change(reference: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> 
     """How much closer ``b``'s logits are to ``reference``'s than ``a``'s, position by position: the
     paired difference of their cosines (:func:`~grpo_course.measure.stats.paired_difference`, b - a).
     Positions of one prompt are not independent, so the interval is narrower than one over prompts."""
-    cos = lambda other: torch.nn.functional.cosine_similarity(reference, other, dim=-1).tolist()
-    return paired_difference(cos(a), cos(b))
+    return paired_difference(position_cosines(reference, a).tolist(), position_cosines(reference, b).tolist())
 
 
 def paired_rows(results: dict[str, Any], dataset, weights: dict[str, float],
