@@ -25,6 +25,17 @@ def test_rows_name_their_source_and_the_box_is_filled_by_its_display_id(monkeypa
     assert R.shipped("data/x.json", None) == "shipped: data/x.json"
 
 
+def test_the_box_shows_each_reading_whole(monkeypatch):
+    """pandas cuts a table's cells at 50 characters by default: the box formats its rows without
+    that limit (the readings are sentences)."""
+    reading = "no detectable change, p = 0.18: a loss inside that interval is not ruled out " * 2
+    html = []
+    monkeypatch.setattr(IPython.display, "update_display",
+                        lambda obj, display_id=None: html.append(obj._repr_html_()))
+    R.fill_results_box([R.result("whole problems, greedy", "1.6 → 3.9 %", reading, n=256)])
+    assert reading.strip() in html[0]
+
+
 def test_p_values_keep_their_digits_where_a_table_is_rounded():
     import pandas as pd
     table = pd.DataFrame({"change": [0.12345], "p": [5e-9], "McNemar p": [0.1834], "n": [256]})

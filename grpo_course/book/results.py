@@ -70,7 +70,9 @@ def results_box(display_id: str = RESULTS_ID) -> None:
 def fill_results_box(rows: list[dict[str, Any]], display_id: str = RESULTS_ID) -> None:
     """Fill the box at the top of the chapter with ``rows`` (nothing is shown where it is called)."""
     from IPython.display import update_display
-    update_display(results_table(rows), display_id=display_id)
+    # the box's readings are sentences: pandas would cut every cell at 50 characters
+    with pd.option_context("display.max_colwidth", None):
+        update_display(results_table(rows), display_id=display_id)
 
 
 def p_values_as_text(table: pd.DataFrame) -> pd.DataFrame:
