@@ -180,10 +180,11 @@ def test_recipe_rows_show_every_recipe_on_every_slice_and_who_passes_all():
     bench = {"recipes": {"profile": {"steps": 3, "held_out": {"0:3": held(False), "3:6": held(True)}},
                          "grounded": {"steps": 4, "held_out": {"0:3": held(True), "3:6": held(True)}}}}
     rows, verdicts = recipe_rows(bench)
-    assert [(r["slice"], r["recipe"]) for r in rows] == [("0:3", "profile"), ("3:6", "profile"),
-                                                         ("0:3", "grounded"), ("3:6", "grounded")]
+    assert [(r["slice"], r["recipe"]) for r in rows] == [("0–2", "profile"), ("3–5", "profile"),
+                                                         ("0–2", "grounded"), ("3–5", "grounded")]
     assert rows[0]["bars passed"] == "1/2" and rows[2]["gold step %"] == pytest.approx(100.0)
-    assert "misses" in verdicts[0] and "rows 3:6 it passes every bar" in verdicts[0]
+    assert "misses" in verdicts[0] and "rows 3–5 it passes every bar" in verdicts[0]
+    assert "McNemar p = " in verdicts[0]          # the gold-step change is read with its test
     assert verdicts[-1] == "recipes that pass every bar on every slice: grounded"
 
 

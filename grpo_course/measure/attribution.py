@@ -35,6 +35,7 @@ from grpo_course.measure.stats import (
     linear_trend,
     mcnemar_test,
     paired_difference,
+    reading,
     wilson_interval,
 )
 
@@ -251,6 +252,13 @@ def failed_bars(checks: dict[str, bool]) -> str:
     return f"misses {len(missed)} of {len(checks)} bars: " + "; ".join(missed)
 
 
+def _test_rows(part: str) -> str:
+    """A benchmark's slice key (``"512:1024"``, Python's end-exclusive slice) as the pages write test
+    rows: ``512–1023``."""
+    lo, hi = part.split(":")
+    return f"{lo}–{int(hi) - 1}"
+
+
 def recipe_rows(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     """``bench/recipes.py``'s result as table rows (one per slice and recipe: the warm start's
     value, the recipe's, and each paired test) and one verdict sentence per recipe, ending with
@@ -262,7 +270,7 @@ def recipe_rows(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]
             vs, checks = held["vs_warm_start"], held["checks"]
             a, b = vs["a"], vs["b"]
             rows.append({
-                "slice": part, "recipe": name, "steps": recipe["steps"],
+                "slice": _test_rows(part), "recipe": name, "steps": recipe["steps"],
                 "gold step % (warm)": 100 * a["reached_step"], "gold step %": 100 * b["reached_step"],
                 "gold step p": vs["reached_step"]["p_value"],
                 "step F1 change": vs["step_f1"]["difference"], "step F1 lo": vs["step_f1"]["lo"],
@@ -272,8 +280,10 @@ def recipe_rows(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]
                 "format %": 100 * held["format"], "accuracy % (warm)": 100 * a["correct"] / vs["step_f1"]["n"],
                 "accuracy %": 100 * held["accuracy"], "accuracy p": vs["accuracy"]["p_value"],
                 "bars passed": f"{sum(checks.values())}/{len(checks)}"})
-            parts.append(f"on rows {part} it {failed_bars(checks)} (gold step "
-                         f"{100 * a['reached_step']:.0f} → {100 * b['reached_step']:.0f} %, "
+            step_p = vs["reached_step"]["p_value"]
+            parts.append(f"on rows {_test_rows(part)} it {failed_bars(checks)} (gold step "
+                         f"{100 * a['reached_step']:.0f} → {100 * b['reached_step']:.0f} %: "
+                         f"{reading(b['reached_step'] - a['reached_step'], step_p)}, McNemar p = {step_p:.2g}; "
                          f"equations per answer {a['equations_per_problem']:.1f} → "
                          f"{b['equations_per_problem']:.1f})")
         if all(all(h["checks"].values()) for h in recipe["held_out"].values()):
