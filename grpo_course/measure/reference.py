@@ -289,8 +289,10 @@ def fixed_test_sentences(fixed: dict[str, Any]) -> dict[str, str]:
         "ref_passk_change": "; ".join(f"rows {s['rows'][0]}-{s['rows'][1] - 1}: {describe_difference(d)}"
                                       for s, d in zip(fixed["slices"], passk, strict=True)),
         "ref_pattern": (f"pass@1 rose significantly on {p1_up} of {n} slices, pass@{k} rose on {pk_up} of {n} "
-                        f"(paired interval above 0) and the entropy fell on {ent_down} of {n}: "
-                        + ("by the rule above, more than sharpening alone, read with the caveat above" if pk_up
+                        f"(paired interval above 0) and the entropy was lower after on {ent_down} of {n} "
+                        "(untested): "
+                        + (f"at k = {k} sharpening alone can raise pass@{k} (the caveat above), so this test "
+                           "cannot tell sharpening from new solutions" if pk_up
                            else "by the rule above, sharpening")),
         "ref_greedy": "; ".join(
             f"on rows {t['test rows']}, {reading(t['greedy after %'] - t['greedy before %'], t['McNemar p'])} "
