@@ -375,9 +375,15 @@ def test_gold_log_likelihood_is_per_problem_and_paired():
     rows = gold_starts(datasets.Dataset.from_list(ADDITION_ROWS), 1)
     model, tok = tiny_model(), tiny_tokenizer()
     model.train()
-    ll = gold_log_likelihood(model, tok, rows, batch_size=4)
+    ll = gold_log_likelihood(model, tok, rows, batch_size=4, bf16=False)
     assert len(ll) == len(ADDITION_ROWS) and all(v < 0 for v in ll) and model.training
-    assert gold_log_likelihood(model, tok, rows, batch_size=2) == pytest.approx(ll, abs=1e-5)
+    # batched by length, returned in the rows' order: the same values at any batch size...
+    assert gold_log_likelihood(model, tok, rows, batch_size=2, bf16=False) == pytest.approx(ll, abs=1e-5)
+    one_by_one = [gold_log_likelihood(model, tok, rows.select([i]), batch_size=1, bf16=False)[0]
+                  for i in range(len(rows))]
+    assert one_by_one == pytest.approx(ll, abs=1e-5)
+    # ... and in bf16 within its rounding of fp32's
+    assert gold_log_likelihood(model, tok, rows, batch_size=4, bf16=True) == pytest.approx(ll, abs=0.05)
     same = likelihood_change(ll, ll)
     assert same["change"] == 0 and same["n"] == len(ll) and same["p_value"] == 1.0
     up = likelihood_change(ll, [v + 0.1 + 0.01 * k for k, v in enumerate(ll)])

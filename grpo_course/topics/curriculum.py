@@ -35,6 +35,7 @@ from grpo_course.core.policy import per_token_logps, uses_activation_checkpointi
 from grpo_course.core.runs import write_run
 from grpo_course.core.sampling import sample_completions
 from grpo_course.core.train import CourseTrainer
+from grpo_course.infra import hardware
 from grpo_course.infra.atomic import atomic_write
 from grpo_course.infra.errors import CourseError
 from grpo_course.measure.stats import mcnemar_test, paired_difference
@@ -157,30 +158,44 @@ def gold_continuation(row: Mapping[str, Any]) -> str:
 
 @torch.no_grad()
 def gold_log_likelihood(model, tokenizer, rows, batch_size: int = 8,
-                        max_completion_length: int = 160) -> list[float]:
+                        max_completion_length: int = 160, bf16: bool | None = None) -> list[float]:
     """The mean per-token log-likelihood (nats) of each row's gold continuation
     (:func:`gold_continuation`, ended by the end-of-turn token) after its start: a continuous,
     paired measure of what a stage taught or forgot, where greedy accuracy at a few hundred
     problems sees only large changes. Rows carry ``start`` and ``lines_left``
-    (:func:`~grpo_course.core.data.gold_starts`)."""
-    rows, out, training = list(rows), [], model.training
+    (:func:`~grpo_course.core.data.gold_starts`). ``bf16``: matrix products in bf16 as the
+    training pass runs them (default: where the CPU has native bf16); compare only measurements
+    taken with the same setting."""
+    rows, training = list(rows), model.training
+    bf16 = hardware.native_bf16() if bf16 is None else bf16
     end = tokenizer.eos_token or ""
+    prompts = [start_prompt(r, tokenizer) for r in rows]
+    golds = [gold_continuation(r) + end for r in rows]
+    # batches of similar length: padding to a batch's longest row is compute spent on nothing
+    order = sorted(range(len(rows)), key=lambda i: len(prompts[i]) + len(golds[i]))
+    out = [0.0] * len(rows)
     model.eval()                          # no dropout, no activation checkpointing: measure only
-    for lo in range(0, len(rows), batch_size):
-        chunk = rows[lo:lo + batch_size]
-        tokenizer.padding_side = "left"
-        enc = tokenizer([start_prompt(r, tokenizer) for r in chunk], return_tensors="pt",
-                        padding=True, add_special_tokens=False)
-        tokenizer.padding_side = "right"
-        comp = tokenizer([gold_continuation(r) + end for r in chunk], return_tensors="pt",
-                         padding=True, add_special_tokens=False, truncation=True,
-                         max_length=max_completion_length)
-        tokenizer.padding_side = "left"
-        batch = {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
-                 "completion_ids": comp["input_ids"], "completion_mask": comp["attention_mask"]}
-        ll = completion_log_likelihood(model, batch)
-        out += (ll / batch["completion_mask"].sum(-1).clamp(min=1)).tolist()
-    model.train(training)
+    side = tokenizer.padding_side
+    try:
+        for lo in range(0, len(rows), batch_size):
+            chunk = order[lo:lo + batch_size]
+            tokenizer.padding_side = "left"
+            enc = tokenizer([prompts[i] for i in chunk], return_tensors="pt", padding=True,
+                            add_special_tokens=False)
+            tokenizer.padding_side = "right"
+            comp = tokenizer([golds[i] for i in chunk], return_tensors="pt", padding=True,
+                             add_special_tokens=False, truncation=True,
+                             max_length=max_completion_length)
+            batch = {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
+                     "completion_ids": comp["input_ids"], "completion_mask": comp["attention_mask"]}
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                ll = completion_log_likelihood(model, batch).float()
+            for i, v in zip(chunk, (ll / batch["completion_mask"].sum(-1).clamp(min=1)).tolist(),
+                            strict=True):
+                out[i] = v
+    finally:
+        tokenizer.padding_side = side
+        model.train(training)
     return out
 
 
