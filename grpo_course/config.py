@@ -461,11 +461,11 @@ class CurriculumSizes:
     max_completion_length: int = 96             # completion budget while training
     stage_problems: int = 32                     # training problems (the same at every start)
     eval_offset: int = 512                       # held-out test problems from this row...
-    eval_n: int = 128                            # ... this many, each stage's task (paired)
+    eval_n: int = 96                             # ... this many, each stage's task (paired)
     budgets: tuple[int, ...] = (64, 112, 200)    # greedy budget at each start (1, 2 lines, whole)
     fisher_prompts: int = 8                      # stage-1 problems for the Fisher
     lam: float = 1e4                             # EWC strength
-    live_problems: int = 16                      # the curriculum run's sampled test (b): first rows
+    live_problems: int = 8                       # the curriculum run's sampled test (b): first rows
                                                  # sampled again live, a multiple of 4 (0: none)
 
 
