@@ -41,6 +41,8 @@ def test_p_values_keep_their_digits_where_a_table_is_rounded():
     table = pd.DataFrame({"change": [0.12345], "p": [5e-9], "McNemar p": [0.1834], "n": [256]})
     shown = R.p_values_as_text(table).round(3)     # before rounding the rest
     assert shown.loc[0, "p"] == "5e-09" and shown.loc[0, "McNemar p"] == "0.18" and shown.loc[0, "n"] == 256
+    untested = R.p_values_as_text(pd.DataFrame({"step": [0, 5], "p": [None, 0.04]}))   # step 0: nothing to test
+    assert list(untested["p"]) == ["–", "0.04"]
 
 
 def test_a_shipped_file_without_a_date_gives_its_commit_date():

@@ -10,6 +10,7 @@ Colab) fills it when those cells run.
 """
 from __future__ import annotations
 
+import math
 import subprocess
 from typing import Any
 
@@ -78,9 +79,10 @@ def fill_results_box(rows: list[dict[str, Any]], display_id: str = RESULTS_ID) -
 def p_values_as_text(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` with its p-value columns (``p``, or a name ending in `` p``) written as numbers of
     two significant digits (``5e-09``, ``0.18``), which rounding a table to a few decimals would show
-    as ``0.0``: call it before ``.round``."""
+    as ``0.0``; a row without a test (None or NaN) shows "–": call it before ``.round``."""
     out = table.copy()
     for col in out.columns:
         if str(col) == "p" or str(col).endswith(" p"):
-            out[col] = [v if not isinstance(v, (int, float)) else f"{v:.2g}" for v in out[col]]
+            out[col] = ["–" if v is None or (isinstance(v, float) and math.isnan(v))   # no test there
+                        else f"{v:.2g}" if isinstance(v, (int, float)) else v for v in out[col]]
     return out
