@@ -105,8 +105,21 @@ def test_the_answers_sentence_puts_the_chance_baseline_beside_the_answers():
              "chance": {"uniform_guess_accuracy": 0.012}}
     text = wp.answers_sentence(tests)
     assert "1.0 → 2.0 % (n = 1319; 20 problems gained, 7 lost, McNemar p = 0.019)" in text
-    assert "right equations per answer 1.00 → 0.00" in text and "arithmetic 10 → 12" in text
+    assert "right equations per answer 1.00 → 0.00" in text and "arithmetic 10 → 12 problems" in text
     assert text.endswith("at random would score 1.2 %")
+
+
+def test_the_format_reading_tells_writing_an_answer_from_solving():
+    side = lambda share, eq: {"right_equation_share": share, "equations_per_problem": eq}
+    tests = lambda fb, fa, a, b: {"greedy": {"n": 1319, "format_before": fb, "format_after": fa,
+                                             "answers": {"a": side(*a), "b": side(*b)}}}
+    format_only = wp.format_reading(tests(0.81, 0.999, (0.5, 2.4), (0.5, 2.2)), "The run")
+    assert format_only.startswith("The run's format rose (81 → 100 %, n = 1319)")
+    assert "did not rise (1.20 → 1.10, untested)" in format_only and format_only.endswith("not to solve.")
+    both = wp.format_reading(tests(0.81, 0.999, (0.5, 2.0), (0.6, 2.0)), "The run")
+    assert "rose (1.00 → 1.20" in both and "not to solve" not in both
+    flat = wp.format_reading(tests(0.80, 0.81, (0.5, 2.4), (0.5, 2.2)), "The run")
+    assert "format did not change detectably" in flat and "not to solve" not in flat
 
 
 def test_samples_are_cached_block_by_block_with_the_seeds_of_one_call(monkeypatch, tmp_path):

@@ -40,7 +40,7 @@ from grpo_course.measure.evaluate import (
     held_out_rows,
 )
 from grpo_course.measure.reference import greedy_answers, greedy_summary, recheck_sentence, sampled_pair
-from grpo_course.measure.stats import reading
+from grpo_course.measure.stats import interval_words, reading, wilson_interval
 
 #: the committed runs (the train CLI's layout: the final adapter, and ``sft/``)
 CURRICULUM_RUN = project_root() / "data" / "runs" / "curriculum"
@@ -275,8 +275,26 @@ def answers_sentence(tests: dict[str, Any]) -> str:
             f"{m['b_only']} problems gained, {m['a_only']} lost, McNemar p = {m['p_value']:.2g}); "
             f"format {100 * g['format_before']:.0f} → {100 * g['format_after']:.0f} %; right equations "
             f"per answer {per_answer(a):.2f} → {per_answer(b):.2f}; right answers earned by right "
-            f"arithmetic {a['earned']} → {b['earned']}; a guesser that combines two numbers of the "
+            f"arithmetic {a['earned']} → {b['earned']} problems; a guesser that combines two numbers of the "
             f"question at random would score {100 * chance['uniform_guess_accuracy']:.1f} %")
+
+
+def format_reading(tests: dict[str, Any], label: str) -> str:
+    """One sentence on whether a run learned to write an answer rather than to solve: its greedy
+    format rate (a change where the two rates' Wilson intervals do not overlap) beside its right
+    equations per answer (a mean over answers, untested)."""
+    g = tests["greedy"]
+    (b_lo, b_hi), (a_lo, a_hi) = (wilson_interval(round(g[k] * g["n"]), g["n"]) for k in ("format_before", "format_after"))
+    fmt = interval_words(a_lo - b_hi, a_hi - b_lo, "rose", "fell", "did not change detectably")
+    per_answer = [(g["answers"][s]["right_equation_share"] or 0.0) * g["answers"][s]["equations_per_problem"]
+                  for s in ("a", "b")]
+    eq = "rose" if per_answer[1] > per_answer[0] else "did not rise"
+    said = (f"{label}'s format {fmt} ({100 * g['format_before']:.0f} → {100 * g['format_after']:.0f} %, "
+            f"n = {g['n']}) and its right equations per answer {eq} ({per_answer[0]:.2f} → {per_answer[1]:.2f}, "
+            f"untested)")
+    if fmt == "rose" and eq == "did not rise":
+        return said + ": by this reading it learned to write an answer, not to solve."
+    return said + "."
 
 
 # ---- what the course shows on whole problems, from the shipped records (the intro, page 3b)
