@@ -339,7 +339,7 @@ def lever_sentence(variants: dict[str, dict[str, Any]]) -> str:
                            f"({r['95 % CI']} %) at {r['s per step']:.0f} s per step" for r in best)
             + f", against {plain['s per step']:.0f} s plain: "
             + ("the intervals do not overlap" if apart else
-               "the intervals overlap, so this few groups do not separate them"))
+               "the intervals overlap, so these few groups do not separate them"))
     if profile:
         said += (f". The profile's recipe: mean correctness reward {profile['correctness reward (-1 ... 3)']:.2f} "
                  f"against {plain['correctness reward (-1 ... 3)']:.2f} plain (chapter 2's tiers, -1 to 3: "
