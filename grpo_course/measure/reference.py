@@ -213,7 +213,7 @@ def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dic
     matches = (best["learning_rate"], best["step"]) == (lr, recipe.get("max_steps"))
     beyond = (f"; on the recipe's run, step {best['step']} against step {stop['step']}, paired by problem: "
               f"{paired(stop, by_step[best['step']])}" if best_run is mine and stop and not matches else "")
-    verdict = (f"The reference recipe trains {recipe.get('max_steps')} steps at {lr:g}: "
+    verdict = (f"The reference recipe trains {recipe.get('max_steps')} steps at {lr:g}, "
                f"{'that point' if matches else 'not that point'}{beyond}")
     if len(curve["curves"]) == 1:
         out["choice_sentence"] = (
@@ -273,7 +273,7 @@ def fixed_test_sentences(fixed: dict[str, Any]) -> dict[str, str]:
     pk_up = sum(d["lo"] > 0 for d in passk)
     ent_down = sum(t["entropy after"] < t["entropy before"] for t in table)
     return {
-        "ref_verdict": ("it passed: sampled pass@1 rose with p < 0.05 on both slices, and the run kept its format"
+        "ref_verdict": ("it passed: sampled pass@1 rose with p < 0.05 on both slices, and its format rate stayed at or above 95 %"
                         if verdict["passed"] else
                         f"it did not pass: pass@1 rose with p < 0.05 on {sum(verdict['rose'])} of "
                         f"{len(verdict['rose'])} slices, and the format held on {sum(verdict['format_ok'])}"),
