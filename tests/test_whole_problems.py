@@ -115,11 +115,11 @@ def test_the_format_reading_tells_writing_an_answer_from_solving():
                                              "answers": {"a": side(*a), "b": side(*b)}}}
     format_only = wp.format_reading(tests(0.81, 0.999, (0.5, 2.4), (0.5, 2.2)), "The run")
     assert format_only.startswith("The run's format rose (81 → 100 %, n = 1319)")
-    assert "did not rise (1.20 → 1.10, untested)" in format_only and format_only.endswith("not to solve.")
+    assert "did not rise (1.20 → 1.10, untested)" in format_only and format_only.endswith("not right arithmetic.")
     both = wp.format_reading(tests(0.81, 0.999, (0.5, 2.0), (0.6, 2.0)), "The run")
-    assert "rose (1.00 → 1.20" in both and "not to solve" not in both
+    assert "rose (1.00 → 1.20" in both and "not right arithmetic" not in both
     flat = wp.format_reading(tests(0.80, 0.81, (0.5, 2.4), (0.5, 2.2)), "The run")
-    assert "format did not change detectably" in flat and "not to solve" not in flat
+    assert "format did not change detectably" in flat and "not right arithmetic" not in flat
 
 
 def test_samples_are_cached_block_by_block_with_the_seeds_of_one_call(monkeypatch, tmp_path):

@@ -281,8 +281,8 @@ def answers_sentence(tests: dict[str, Any]) -> str:
 
 def format_reading(tests: dict[str, Any], label: str) -> str:
     """One sentence on whether a run learned to write an answer rather than to solve: its greedy
-    format rate (a change where the two rates' Wilson intervals do not overlap) beside its right
-    equations per answer (a mean over answers, untested)."""
+    format rate (a change where the two rates' Wilson intervals do not overlap: unpaired, so
+    cautious) beside its right equations per answer (a mean over answers, untested)."""
     g = tests["greedy"]
     (b_lo, b_hi), (a_lo, a_hi) = (wilson_interval(round(g[k] * g["n"]), g["n"]) for k in ("format_before", "format_after"))
     fmt = interval_words(a_lo - b_hi, a_hi - b_lo, "rose", "fell", "did not change detectably")
@@ -293,7 +293,7 @@ def format_reading(tests: dict[str, Any], label: str) -> str:
             f"n = {g['n']}) and its right equations per answer {eq} ({per_answer[0]:.2f} → {per_answer[1]:.2f}, "
             f"untested)")
     if fmt == "rose" and eq == "did not rise":
-        return said + ": by this reading it learned to write an answer, not to solve."
+        return said + ": by this reading its greedy answers gained the answer's form, not right arithmetic."
     return said + "."
 
 
