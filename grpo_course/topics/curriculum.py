@@ -188,7 +188,7 @@ def gold_log_likelihood(model, tokenizer, rows, batch_size: int = 8,
                              max_length=max_completion_length)
             batch = {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
                      "completion_ids": comp["input_ids"], "completion_mask": comp["attention_mask"]}
-            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 ll = completion_log_likelihood(model, batch).float()
             for i, v in zip(chunk, (ll / batch["completion_mask"].sum(-1).clamp(min=1)).tolist(),
                             strict=True):
