@@ -264,13 +264,19 @@ def live_recheck_sentence(live: dict[str, Any], tests: dict[str, Any], cpu: str)
     return recheck_sentence([(live, tests["sampled"])], len(live["after"]["right"]), SAMPLES, "test (b)", cpu)
 
 
+def right_equations_per_answer(side: dict[str, Any]) -> float:
+    """Right equations per greedy answer: the share of an answer's equations that are right,
+    times the equations it writes (one side of ``tests["greedy"]["answers"]``)."""
+    return (side["right_equation_share"] or 0.0) * side["equations_per_problem"]
+
+
 def answers_sentence(tests: dict[str, Any]) -> str:
     """What the run's greedy answers do on whole problems, beside the chance baseline: problems
     gained and lost, format, right equations per answer, answers earned by right arithmetic
     (:func:`~grpo_course.measure.attribution.phase_changes`), and what a guesser would score."""
     g, chance = tests["greedy"], tests["chance"]
     m, a, b = g["mcnemar"], g["answers"]["a"], g["answers"]["b"]
-    per_answer = lambda side: (side["right_equation_share"] or 0.0) * side["equations_per_problem"]
+    per_answer = right_equations_per_answer
     return (f"greedy accuracy {100 * g['before']:.1f} → {100 * g['after']:.1f} % (n = {g['n']}; "
             f"{m['b_only']} problems gained, {m['a_only']} lost, McNemar p = {m['p_value']:.2g}); "
             f"format {100 * g['format_before']:.0f} → {100 * g['format_after']:.0f} %; right equations "
@@ -286,8 +292,7 @@ def format_reading(tests: dict[str, Any], label: str) -> str:
     g = tests["greedy"]
     (b_lo, b_hi), (a_lo, a_hi) = (wilson_interval(round(g[k] * g["n"]), g["n"]) for k in ("format_before", "format_after"))
     fmt = interval_words(a_lo - b_hi, a_hi - b_lo, "rose", "fell", "did not change detectably")
-    per_answer = [(g["answers"][s]["right_equation_share"] or 0.0) * g["answers"][s]["equations_per_problem"]
-                  for s in ("a", "b")]
+    per_answer = [right_equations_per_answer(g["answers"][s]) for s in ("a", "b")]
     eq = "rose" if per_answer[1] > per_answer[0] else "did not rise"
     said = (f"{label}'s format {fmt} ({100 * g['format_before']:.0f} → {100 * g['format_after']:.0f} %, "
             f"n = {g['n']}) and its right equations per answer {eq} ({per_answer[0]:.2f} → {per_answer[1]:.2f}, "
