@@ -252,7 +252,7 @@ def failed_bars(checks: dict[str, bool]) -> str:
     return f"misses {len(missed)} of {len(checks)} bars: " + "; ".join(missed)
 
 
-def _test_rows(part: str) -> str:
+def test_rows(part: str) -> str:
     """A benchmark's slice key (``"512:1024"``, Python's end-exclusive slice) as the pages write test
     rows: ``512–1023``."""
     lo, hi = part.split(":")
@@ -270,7 +270,7 @@ def recipe_rows(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]
             vs, checks = held["vs_warm_start"], held["checks"]
             a, b = vs["a"], vs["b"]
             rows.append({
-                "slice": _test_rows(part), "recipe": name, "steps": recipe["steps"],
+                "slice": test_rows(part), "recipe": name, "steps": recipe["steps"],
                 "gold step % (warm)": 100 * a["reached_step"], "gold step %": 100 * b["reached_step"],
                 "gold step p": vs["reached_step"]["p_value"],
                 "step F1 change": vs["step_f1"]["difference"], "step F1 lo": vs["step_f1"]["lo"],
@@ -281,7 +281,7 @@ def recipe_rows(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]
                 "accuracy %": 100 * held["accuracy"], "accuracy p": vs["accuracy"]["p_value"],
                 "bars passed": f"{sum(checks.values())}/{len(checks)}"})
             step_p = vs["reached_step"]["p_value"]
-            parts.append(f"on rows {_test_rows(part)} it {failed_bars(checks)} (gold step "
+            parts.append(f"on rows {test_rows(part)} it {failed_bars(checks)} (gold step "
                          f"{100 * a['reached_step']:.0f} → {100 * b['reached_step']:.0f} %: "
                          f"{reading(b['reached_step'] - a['reached_step'], step_p)}, McNemar p = {step_p:.2g}; "
                          f"equations per answer {a['equations_per_problem']:.1f} → "
