@@ -18,8 +18,9 @@ Engines, each in its own subprocess (its own memory, nothing else on the cores):
 
 Equal work: every sequence decodes the whole budget (EOS is never a stop: vLLM's ``ignore_eos``
 for benchmarking), the same GSM8K train prompts in the same chat template, sampled at T = 1 from
-the whole distribution, or greedy. Each engine's fastest setting is taken per shape, and the ratios
-compare fastest with fastest. FLOPs are 2 x parameters per token (the output layer included,
+the whole distribution, or greedy. Every setting of every engine runs ``--repeats`` times (the
+faster run counts, for the course sampler and its peers alike); each engine's fastest setting is
+taken per shape, and the ratios compare fastest with fastest. FLOPs are 2 x parameters per token (the output layer included,
 attention left out); the roof is this machine's matmul peak (bf16 where native), measured in the
 same run beside the oneDNN products at decoding's width over the model's own weight shapes.
 """
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--before", default=None, help="a commit whose course sampler runs beside")
     ap.add_argument("--repeats", type=int, default=2,
-                    help="runs of the course sampler per setting (the fastest counts); peers run once")
+                    help="runs of every engine per setting (the fastest counts), peers as the course")
     ap.add_argument("--max-new-tokens", type=int, default=None,
                     help="a shorter budget for every shape (a quick check of the bench itself)")
     ap.add_argument("--out", type=Path, default=ROOT / "data" / "sampler.json")
@@ -370,7 +371,7 @@ def main(argv: list[str] | None = None) -> dict:
                 where = worktree if engine == "before" else ROOT
                 for setting in tried:
                     runs = [run_worker(engine, shape, setting, where, args.max_new_tokens)
-                            for _ in range(args.repeats if engine in ("course", "before") else 1)]
+                            for _ in range(args.repeats)]     # best-of-N for every engine alike
                     ok = [r for r in runs if "error" not in r]
                     r = min(ok, key=lambda r: r["seconds"]) if ok else runs[0]
                     r["repeat_seconds"] = [x.get("seconds") for x in runs]
