@@ -199,6 +199,11 @@ def test_machine_limits_and_roofline():
     train = prof.training_point(n_params=1000, tokens=64, seconds=2.0)
     assert train.gflops == pytest.approx(6 * 1000 * 64 / 2.0 / 1e9)
     assert train.bound(limits) <= limits.gflops
+    # a bf16 pass reads half the bytes and is read against the bf16 roof where one was measured
+    bf16 = prof.training_point(n_params=1000, tokens=64, seconds=2.0, dtype="bfloat16")
+    assert bf16.intensity == pytest.approx(2 * train.intensity)
+    both = prof.Limits(gflops=100.0, bandwidth=10.0, bf16_gflops=400.0)
+    assert bf16.peak(both) == 400.0 and train.peak(both) == 100.0
     import matplotlib
     matplotlib.use("Agg")
     ax = prof.plot_roofline(limits, [dec, train])
@@ -316,6 +321,9 @@ def test_band_word_reads_a_ratio_within_the_level_band_as_level():
     assert prof.band_word(1 - prof.LEVEL_BAND / 2, *words) == "level"
     assert prof.band_word(1 + 2 * prof.LEVEL_BAND, *words) == "ahead"
     assert prof.band_word(1 - 2 * prof.LEVEL_BAND, *words) == "behind"
+    # a single timing's wider band: the same ratio that reads "ahead" above reads level here
+    assert prof.band_word(1 + 2 * prof.LEVEL_BAND, *words, band=prof.SINGLE_TIMING_BAND) == "level"
+    assert prof.band_word(1 + 2 * prof.SINGLE_TIMING_BAND, *words, band=prof.SINGLE_TIMING_BAND) == "ahead"
     assert prof._against(1.95, "TRL") == "ahead of TRL (1.95×)"
 
 

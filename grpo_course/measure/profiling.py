@@ -348,14 +348,17 @@ def decode_point(n_params: int, tokens: int, decode_steps: int, seconds: float,
 
 
 def training_point(n_params: int, tokens: int, seconds: float, flops_per_param: float = 6.0,
-                   bytes_per_param: int = 4, weight_reads: int = 3,
+                   weight_reads: int = 3, dtype: str = "float32",
                    name: str = "training pass") -> RooflinePoint:
     """A forward+backward over ``tokens`` tokens in one batch: ``flops_per_param`` x
     params x tokens (2 forward + 4 backward for full fine-tuning; about 4 with LoRA,
     which skips the frozen weights' gradients) and ``weight_reads`` reads of the
-    weights (activations ignored, so the intensity is an upper estimate)."""
+    weights (activations ignored, so the intensity is an upper estimate). ``dtype``: the
+    precision its products run in (bf16 under bf16 autocast, weights read as bf16), which
+    picks the compute roof it is read against."""
+    bytes_per_param = 2 if dtype == "bfloat16" else 4
     return RooflinePoint(name, flops_per_param * n_params * tokens,
-                         float(n_params * bytes_per_param * weight_reads), seconds)
+                         float(n_params * bytes_per_param * weight_reads), seconds, dtype)
 
 
 def plot_roofline(limits: Limits, points: list[RooflinePoint], ax=None):
@@ -474,10 +477,15 @@ def sampler_table(record: dict) -> pd.DataFrame:
 LEVEL_BAND = 0.10
 
 
-def band_word(ratio: float, level: str, above: str, below: str) -> str:
-    """The words for a ratio of two timings: ``level`` within :data:`LEVEL_BAND` of 1, else
-    ``above`` (ratio > 1) or ``below``."""
-    return level if abs(ratio - 1) < LEVEL_BAND else above if ratio > 1 else below
+#: the band for a ratio of two single timings (no repeat to size the noise): a change of shape
+#: timed once moves by more than a repeated best-of timing does
+SINGLE_TIMING_BAND = 0.25
+
+
+def band_word(ratio: float, level: str, above: str, below: str, band: float = LEVEL_BAND) -> str:
+    """The words for a ratio of two timings: ``level`` within ``band`` of 1 (default
+    :data:`LEVEL_BAND`), else ``above`` (ratio > 1) or ``below``."""
+    return level if abs(ratio - 1) < band else above if ratio > 1 else below
 
 
 def _against(ratio: float, peer: str) -> str:
@@ -549,7 +557,7 @@ def throughput_sentence(bench: dict) -> str:
             out += (f". As shipped it also leaves groups whose rewards tie out of the training "
                     f"pass ({100 * ours['frac_groups_dropped']:.0f} % of this benchmark's groups; "
                     f"how many tie depends on the prompts and the policy): "
-                    f"{bench['ratio_vs_best']:.1f}× here")
+                    f"{bench['ratio_vs_best']:.1f}× in that benchmark")
     else:
         out = (f"{bench['ratio']:.1f}× TRL's completions per second with TRL in fp32, which is "
                f"not its fastest setting ({machine}; rerun make bench for the fair comparison)")
