@@ -435,7 +435,7 @@ class TRLSizes:
                                      # both trainers' runs, the 2-process run and the evaluations)
     eval_n: int = 128                # held-out problems per model (the warm start's are reused
                                      # from chapter 3's cached evaluation)
-    ddp_steps: int = 1               # steps of the 2-process TRL run (0: skipped)
+    ddp_steps: int = 3               # steps of the 2-process TRL run (0: skipped)
     dtype: str = "auto"              # TRL's weights: auto: bf16 weights and bf16=True (TRL's
                                      # default precision) where the CPU has native bf16, else
                                      # fp32; or float32 (and bf16=False)
