@@ -27,6 +27,10 @@ def test_result_summary_and_strata():
     assert s["by_stratum"]["basic"]["n"] == 2 and s["by_stratum"]["basic"]["accuracy"] == 0.5
     assert s["by_stratum"]["intermediate"]["n"] == 0
     assert s["mean_completion_tokens"] == 20
+    table = res.stratum_table()          # the pages' table: counts as integers, the interval as text
+    assert table.loc["basic", "n"] == 2 and table.loc["basic", "accuracy %"] == 50.0
+    lo, hi = s["by_stratum"]["basic"]["accuracy_ci95"]
+    assert table.loc["basic", "95 % CI"] == f"{100 * lo:.1f}–{100 * hi:.1f}"
 
 
 def test_cli_rejects_bad_n(capsys):

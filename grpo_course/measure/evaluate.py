@@ -120,6 +120,15 @@ class EvalResult:
                             "format_rate": f / len(rows) if rows else 0.0}
         return out
 
+    def stratum_table(self):
+        """:meth:`by_stratum` as the pages show it: one row per stratum, n as a count, rates in
+        percent, the accuracy's 95 % Wilson interval as "lo–hi"."""
+        import pandas as pd
+        return pd.DataFrame({stratum: {"n": r["n"], "accuracy %": round(100 * r["accuracy"], 1),
+                                       "95 % CI": "–".join(f"{100 * b:.1f}" for b in r["accuracy_ci95"]),
+                                       "format %": round(100 * r["format_rate"], 1)}
+                             for stratum, r in self.by_stratum().items()}).T
+
     def summary(self) -> dict[str, Any]:
         lengths = [r["completion_tokens"] for r in self.records]
         judged = [r["consistent"] for r in self.records if r.get("consistent") is not None]
