@@ -56,6 +56,11 @@ def test_the_record_reads_in_words_from_its_numbers():
     assert abs(a["change (points)"] - 1.5) < 1e-9 and a["test"].endswith("all 1319 test problems")
     assert b["reading"] == "no detectable change" and b["interval or pairs"] == "95 % CI -0.2 to +1.0"
     assert b["test"] == "(b) sampled pass@1, K = 4, rows 0-511"
+    # beside each accuracy its format and the guesser's score, "–" where the record lacks them
+    assert a["format % (warm start → run)"] == "–" and a["guesser %"] == "–"
+    record["greedy"]["format_before"], record["chance"] = 0.81, {"uniform_guess_accuracy": 0.0079}
+    a, _ = wp.result_rows(record, "curriculum")
+    assert a["format % (warm start → run)"] == "81 → 99" and a["guesser %"] == "0.8"
     said = wp.verdict_sentence(record)
     assert said.startswith("the curriculum run did not pass") and "sampled pass@1 did not rise significantly (p = 0.2)" in said
     assert said.endswith(", while greedy accuracy rose (p = 0.01)")

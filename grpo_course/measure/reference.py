@@ -208,7 +208,7 @@ def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dic
         f"{t['mixed_groups_trained_per_minute']:.1f} groups with right and wrong answers per minute")}
     best = curve["best"]
     best_run = next(c for c in curve["curves"] if c["run"] == best["run"])
-    last_kept = ("; it is the last step its run was tested at, so more steps may still pay"
+    last_kept = (" It is the last step its run was tested at, so more steps may still pay."
                  if best["step"] == best_run["points"][-1]["step"] else "")
     matches = (best["learning_rate"], best["step"]) == (lr, recipe.get("max_steps"))
     beyond = (f"; on the recipe's run, step {best['step']} against step {stop['step']}, paired by problem: "
@@ -219,7 +219,7 @@ def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dic
         out["choice_sentence"] = (
             f"only one learning rate ({lr:g}) has been tested on validation, so the learning rate was not "
             f"chosen there; along its steps ({', '.join(str(p['step']) for p in pts)}) the highest mean pass@1 "
-            f"was at step {best['step']} ({100 * best['pass_at_1']:.1f} %){last_kept}. {verdict}")
+            f"was at step {best['step']} ({100 * best['pass_at_1']:.1f} %).{last_kept} {verdict}")
         return out
     pairs = []
     for c in curve["curves"]:
@@ -231,8 +231,8 @@ def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dic
                      f"{paired(by_step[step], at[step])}")
     out["choice_sentence"] = (
         f"{len(curve['curves'])} learning rates were tested on the same problems; the highest mean pass@1 was "
-        f"learning rate {best['learning_rate']:g} at step {best['step']} ({100 * best['pass_at_1']:.1f} %)"
-        f"{last_kept}; paired by problem, {'; '.join(pairs)}. {verdict}")
+        f"learning rate {best['learning_rate']:g} at step {best['step']} ({100 * best['pass_at_1']:.1f} %)."
+        f"{last_kept} Paired by problem, {'; '.join(pairs)}. {verdict}")
     return out
 
 

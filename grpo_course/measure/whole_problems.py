@@ -190,17 +190,25 @@ def result_rows(tests: dict[str, Any], name: str) -> list[dict[str, Any]]:
     and the reading."""
     g, s = tests["greedy"], tests["sampled"]
     m, d = g["mcnemar"], s["pass_at_1"]
+    # beside each accuracy: its format rate (a gain there is not reasoning) and what a guesser that
+    # combines two numbers of the question scores (the chance baseline), where the record has them
+    guess = tests.get("chance", {}).get("uniform_guess_accuracy")
+    beside = lambda fmt_a, fmt_b: {
+        "format % (warm start → run)": "–" if fmt_a is None or fmt_b is None else f"{100 * fmt_a:.0f} → {100 * fmt_b:.0f}",
+        "guesser %": "–" if guess is None else f"{100 * guess:.1f}"}
     return [{"run": name, "test": f"(a) greedy accuracy, all {g['n']} test problems",
              "warm start %": 100 * g["before"], "run %": 100 * g["after"],
              "change (points)": 100 * (g["after"] - g["before"]),
              "interval or pairs": f"{m['b_only']} gained, {m['a_only']} lost", "p": m["p_value"],
-             "reading": reading(g["after"] - g["before"], m["p_value"], ALPHA)},
+             "reading": reading(g["after"] - g["before"], m["p_value"], ALPHA),
+             **beside(g.get("format_before"), g.get("format_after"))},
             {"run": name, "test": f"(b) sampled pass@1, K = {s['after']['samples']}, "
                                   f"rows {s['rows'][0]}-{s['rows'][1] - 1}",
              "warm start %": 100 * d["mean_a"], "run %": 100 * d["mean_b"],
              "change (points)": 100 * d["difference"],
              "interval or pairs": f"95 % CI {100 * d['lo']:+.1f} to {100 * d['hi']:+.1f}",
-             "p": d["p_value"], "reading": reading(d["difference"], d["p_value"], ALPHA)}]
+             "p": d["p_value"], "reading": reading(d["difference"], d["p_value"], ALPHA),
+             **beside(s.get("before", {}).get("format_rate"), s["after"].get("format_rate"))}]
 
 
 def verdict_sentence(tests: dict[str, Any], name: str = "the curriculum run", fixed_before: bool = True) -> str:
@@ -316,7 +324,8 @@ def shipped_rows(reference_fixed: dict[str, Any] | None, curriculum: dict[str, A
                      "warm start %": 100 * whole["before"], "run %": 100 * whole["after"],
                      "change (points)": 100 * (whole["after"] - whole["before"]),
                      "interval or pairs": f"{m['b_only']} gained, {m['a_only']} lost", "p": m["p_value"],
-                     "reading": reading(whole["after"] - whole["before"], m["p_value"], ALPHA)})
+                     "reading": reading(whole["after"] - whole["before"], m["p_value"], ALPHA),
+                     "format % (warm start → run)": "–", "guesser %": "–"})   # not in that record
     if curriculum:
         rows += result_rows(curriculum["run"], "curriculum run") + result_rows(curriculum["reference"],
                                                                                "reference run")
@@ -330,8 +339,10 @@ def shipped_sentence(reference_fixed: dict[str, Any] | None, curriculum: dict[st
     rows = shipped_rows(reference_fixed, curriculum)
     if not rows:
         return "no test on whole problems has been run yet (make reference-run; python bench/curriculum_test.py)"
-    said = "; ".join(f"{r['run']}, {r['test']}: {r['warm start %']:.1f} → {r['run %']:.1f} % "
-                     f"({r['interval or pairs']}, p = {r['p']:.2g}: {r['reading']})" for r in rows)
+    # one sentence a test: a list of five tests in one sentence is past what a reader holds
+    said = " ".join(f"{r['run'][0].upper()}{r['run'][1:]}, {r['test']}: {r['warm start %']:.1f} → "
+                    f"{r['run %']:.1f} % ({r['interval or pairs']}, p = {r['p']:.2g}: {r['reading']})."
+                    for r in rows)
     rose, fell = (sum(r["reading"] == word for r in rows) for word in ("rose", "fell"))
     if len(rows) == 1:
         word = rows[0]["reading"]
@@ -344,5 +355,5 @@ def shipped_sentence(reference_fixed: dict[str, Any] | None, curriculum: dict[st
         head = f"none of the {len(rows)} shipped tests shows a detectable change"
     verdict = (verdict_sentence(curriculum["run"]) if curriculum else
                "the curriculum run's tests, fixed before it trained, have not run yet (python bench/curriculum_test.py)")
-    return f"on whole GSM8K test problems, {head}" + (f": {said}" if detail else "") + \
-        f". {verdict[0].upper()}{verdict[1:]}"
+    return f"on whole GSM8K test problems, {head}." + (f" {said}" if detail else "") + \
+        f" {verdict[0].upper()}{verdict[1:]}"
