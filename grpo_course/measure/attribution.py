@@ -31,6 +31,7 @@ from grpo_course.core.data import last_number, solution_results
 from grpo_course.core.rewards import score_completions, step_f1, weighted_sum
 from grpo_course.measure.evaluate import EvalResult
 from grpo_course.measure.stats import (
+    as_sentences,
     interval_words,
     linear_trend,
     mcnemar_test,
@@ -289,8 +290,7 @@ def recipe_rows(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]
         if all(all(h["checks"].values()) for h in recipe["held_out"].values()):
             clean.append(name)
         # one sentence a slice: both slices in one ran past 60 words
-        verdicts.append(f"{name}: " + ". ".join(part if i == 0 else part[0].upper() + part[1:]
-                                                for i, part in enumerate(parts)))
+        verdicts.append(as_sentences([f"{name}: {parts[0]}", *parts[1:]]))
     verdicts.append("recipes that pass every bar on every slice: " +
                     (", ".join(clean) if clean else "none"))
     return rows, verdicts

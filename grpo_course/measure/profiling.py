@@ -34,6 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from grpo_course.infra.hardware import available_cores, native_bf16, rss_bytes
 from grpo_course.infra.memory import free_memory
+from grpo_course.measure.stats import as_sentences
 
 PHASES = ("sampling", "rewards", "logprobs", "forward_backward", "optimizer")
 
@@ -532,7 +533,7 @@ def sampler_sentence(record: dict) -> str:
                      f"sampler decodes {row['course']['tokens_per_s']:.0f} tokens/s "
                      f"({100 * row['course']['fraction_of_roof']:.0f} % of the roof)"
                      + (", " + ", ".join(peers) if peers else ""))
-    return ". ".join(p[0].upper() + p[1:] for p in parts)
+    return as_sentences(parts)
 
 
 def throughput_sentence(bench: dict) -> str:

@@ -112,6 +112,11 @@ def reading(change: float, p: float, alpha: float = 0.05) -> str:
     return "rose" if change > 0 else "fell"
 
 
+def as_sentences(parts: list[str]) -> str:
+    """Clauses as sentences: each begun with a capital, joined by ". " (the caller ends the last)."""
+    return ". ".join(p[0].upper() + p[1:] for p in parts)
+
+
 def interval_words(lo: float, hi: float, rose: str, fell: str, neither: str) -> str:
     """A change in the caller's words, decided by its 95 % interval: ``rose`` where the interval
     lies above 0, ``fell`` where below, else ``neither`` (the interval holds 0)."""

@@ -40,7 +40,7 @@ from grpo_course.measure.evaluate import (
     held_out_rows,
 )
 from grpo_course.measure.reference import greedy_answers, greedy_summary, recheck_sentence, sampled_pair
-from grpo_course.measure.stats import interval_words, reading, wilson_interval
+from grpo_course.measure.stats import as_sentences, interval_words, reading, wilson_interval
 
 #: the committed runs (the train CLI's layout: the final adapter, and ``sft/``)
 CURRICULUM_RUN = project_root() / "data" / "runs" / "curriculum"
@@ -284,13 +284,12 @@ def answers_sentence(tests: dict[str, Any]) -> str:
     (:func:`~grpo_course.measure.attribution.phase_changes`), and what a guesser would score."""
     g, chance = tests["greedy"], tests["chance"]
     m, a, b = g["mcnemar"], g["answers"]["a"], g["answers"]["b"]
-    per_answer = right_equations_per_answer
     return (f"greedy accuracy {100 * g['before']:.1f} → {100 * g['after']:.1f} % (n = {g['n']}; "
             f"{m['b_only']} problems gained, {m['a_only']} lost, McNemar p = {m['p_value']:.2g}); "
             f"format {100 * g['format_before']:.0f} → {100 * g['format_after']:.0f} %; right equations "
-            f"per answer {per_answer(a):.2f} → {per_answer(b):.2f}; right answers earned by right "
-            f"arithmetic {a['earned']} → {b['earned']} problems; a guesser that combines two numbers of the "
-            f"question at random would score {100 * chance['uniform_guess_accuracy']:.1f} %")
+            f"per answer {right_equations_per_answer(a):.2f} → {right_equations_per_answer(b):.2f}; right "
+            f"answers earned by right arithmetic {a['earned']} → {b['earned']} problems; a guesser that "
+            f"combines two numbers of the question at random would score {100 * chance['uniform_guess_accuracy']:.1f} %")
 
 
 def format_reading(tests: dict[str, Any], label: str) -> str:
@@ -340,9 +339,8 @@ def shipped_sentence(reference_fixed: dict[str, Any] | None, curriculum: dict[st
     if not rows:
         return "no test on whole problems has been run yet (make reference-run; python bench/curriculum_test.py)"
     # one sentence a test: a list of five tests in one sentence is past what a reader holds
-    said = " ".join(f"{r['run'][0].upper()}{r['run'][1:]}, {r['test']}: {r['warm start %']:.1f} → "
-                    f"{r['run %']:.1f} % ({r['interval or pairs']}, p = {r['p']:.2g}: {r['reading']})."
-                    for r in rows)
+    said = [f"{r['run']}, {r['test']}: {r['warm start %']:.1f} → {r['run %']:.1f} % "
+            f"({r['interval or pairs']}, p = {r['p']:.2g}: {r['reading']})" for r in rows]
     rose, fell = (sum(r["reading"] == word for r in rows) for word in ("rose", "fell"))
     if len(rows) == 1:
         word = rows[0]["reading"]
@@ -355,5 +353,4 @@ def shipped_sentence(reference_fixed: dict[str, Any] | None, curriculum: dict[st
         head = f"none of the {len(rows)} shipped tests shows a detectable change"
     verdict = (verdict_sentence(curriculum["run"]) if curriculum else
                "the curriculum run's tests, fixed before it trained, have not run yet (python bench/curriculum_test.py)")
-    return f"on whole GSM8K test problems, {head}." + (f" {said}" if detail else "") + \
-        f" {verdict[0].upper()}{verdict[1:]}"
+    return f"on whole GSM8K test problems, {head}. " + as_sentences([*(said if detail else []), verdict])
