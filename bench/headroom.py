@@ -38,16 +38,12 @@ from bench.recipes import check_slices_and_out
 from grpo_course.config import START_BUDGETS, get_profile
 from grpo_course.infra.errors import CourseError, OneLineArgumentParser, report
 from grpo_course.infra.hardware import bench_facts
+from grpo_course.topics.curriculum import start_key
 
 DEFAULT_SLICES = "512:768,768:1024"
 #: the starts (lines_left; None: the whole problem) and each one's completion budget: the
 #: training budget at a start (config.START_BUDGETS), the whole problem at the held-out evaluation's
 BUDGETS = {**START_BUDGETS, None: get_profile("full").eval.max_new_tokens}
-
-
-def start_key(lines_left: int | None) -> str:
-    """The start's key in headroom.json: "whole" or "<n>_left"."""
-    return "whole" if lines_left is None else f"{lines_left}_left"
 
 
 def measure(model, tok, test, lines_left, a) -> dict:

@@ -21,6 +21,7 @@ from grpo_course.topics.curriculum import (
     reference_batches,
     reverse_stages,
     shuffled_stages,
+    start_key,
     start_name,
     take,
 )
@@ -87,6 +88,7 @@ def test_reverse_stages_slide_the_start_back_on_the_same_problems(real_gsm8k_dir
     with pytest.raises(CurriculumError, match="starts"):
         reverse_stages(data, 3, starts=(0, None))
     assert start_name(1) == "1 line left" and start_name(None) == "whole problem"
+    assert start_key(1) == "1_left" and start_key(None) == "whole"   # headroom.json's keys
 
 
 def _result(correct):

@@ -312,6 +312,8 @@ def test_a_bf16_point_is_measured_against_the_bf16_peak():
     point = decode_point(1000, tokens=64, decode_steps=2, seconds=1e-6, dtype="bfloat16")
     assert point.peak(limits) == 400.0 and decode_point(1000, 64, 2, 1e-6).peak(limits) == 100.0
     assert point.peak(Limits(gflops=100.0, bandwidth=20.0)) == 100.0   # bf16 not measured
+    # the ridge is the point's own peak over the bandwidth: 400 / 20 for bf16, 100 / 20 for fp32
+    assert point.ridge(limits) == 20.0 and decode_point(1000, 64, 2, 1e-6).ridge(limits) == 5.0
 
 
 def test_band_word_reads_a_ratio_within_the_level_band_as_level():

@@ -332,6 +332,10 @@ class RooflinePoint:
         """The matmul peak of this point's precision (bf16 where it was measured)."""
         return limits.bf16_gflops if self.dtype == "bfloat16" and limits.bf16_gflops else limits.gflops
 
+    def ridge(self, limits: Limits) -> float:
+        """The ridge point under this point's own roof (FLOP per byte): below it, memory-bound."""
+        return self.peak(limits) / limits.bandwidth
+
     def bound(self, limits: Limits) -> float:
         """The GFLOP/s the roofline allows at this intensity (the bf16 roof for a bf16 point
         where it was measured)."""

@@ -106,6 +106,11 @@ def start_name(lines_left: int | None) -> str:
     return f"{lines_left} line{'s' if lines_left != 1 else ''} left"
 
 
+def start_key(lines_left: int | None) -> str:
+    """A start's key in the benches' records (``headroom.json``): ``"whole"`` or ``"<n>_left"``."""
+    return "whole" if lines_left is None else f"{lines_left}_left"
+
+
 def reverse_stages(dataset, n: int, starts: Sequence[int | None] = REVERSE_STARTS,
                    seed: int | None = 0) -> list[Stage]:
     """R3's reverse curriculum (Xi et al. 2024): ``n`` problems of ``dataset``, drawn at random
