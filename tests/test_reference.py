@@ -374,7 +374,7 @@ def test_the_fixed_tests_words_come_from_the_shipped_record():
     moved["slices"][0]["sampled"]["after"]["right"] = [0, 0, 0, 0]
     text = live_recheck_sentence(moved, fixed, 4)
     assert f"1 of {2 * len(fixed['slices'])} model-slice counts differ" in text
-    assert "the verdict below is the benchmark's" in text
+    assert "The verdict below is the benchmark's" in text
 
 
 def test_a_shipped_run_is_tested_at_its_final_step(tmp_path):

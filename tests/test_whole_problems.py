@@ -95,8 +95,10 @@ def test_the_live_recheck_sentence_says_match_or_how_far_it_is():
     assert "match the benchmark's, for both models" in wp.live_recheck_sentence(same, bench, "AMD EPYC")
     other = {"before": {"right": [0, 0, 0, 0]}, "after": {"right": [1, 1, 0, 0]}}
     text = wp.live_recheck_sentence(other, bench, "AMD EPYC")
-    assert "1 of 2 models' counts differ" in text and "+12.5 points against the benchmark's +6.2:" in text
+    assert "1 of 2 models' counts differ" in text and "+12.5 points against the benchmark's +6.2." in text
     assert "from its AMD EPYC" in text and text.endswith("moved the same way as the benchmark's")
+    # short sentences, none of them past 40 words (it was one of 77)
+    assert max(len(part.split()) for part in text.split(". ")) <= 40
     fell = {"before": {"right": [0, 1, 0, 0]}, "after": {"right": [0, 0, 0, 0]}}
     assert wp.live_recheck_sentence(fell, bench, "AMD EPYC").endswith("on this machine the result may differ")
 

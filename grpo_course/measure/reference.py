@@ -318,12 +318,13 @@ def recheck_sentence(pairs: list[tuple[dict[str, Any], dict[str, Any]]], problem
     agree = all(sign(a) == sign(b) for a, b in zip(mine, theirs, strict=True))
     points = lambda xs: ", ".join(f"{100 * x:+.1f}" for x in xs)
     counted = "model-slice counts" if len(pairs) > 1 else "models' counts"
-    return (f"the page sampled the first {problems} problems of {what} again and {sum(not s for s in same)} "
-            f"of {len(same)} {counted} differ from the benchmark's (this machine samples differently: "
-            f"bf16 against fp32, another CPU, or the run changed since the benchmark). On those problems the "
-            f"live change of pass@1 was {points(mine)} points against the benchmark's {points(theirs)}"
-            + (", slice by slice" if len(pairs) > 1 else "") + f": the verdict below is the benchmark's, "
-            f"from its {machine}; "
+    # short sentences: the first stays lower-case, as pages and results boxes put it after "Live:"
+    return (f"the page sampled the first {problems} problems of {what} again. "
+            f"{sum(not s for s in same)} of {len(same)} {counted} differ from the benchmark's: this "
+            f"machine samples differently (bf16 against fp32, another CPU, or the run changed since the "
+            f"benchmark). On those problems the live change of pass@1 was {points(mine)} points against "
+            f"the benchmark's {points(theirs)}" + (", slice by slice" if len(pairs) > 1 else "")
+            + f". The verdict below is the benchmark's, from its {machine}: "
             + ("the live change moved the same way as the benchmark's" if agree else
                "the live change did not move the same way as the benchmark's, so on this machine the "
                "result may differ"))
