@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Self
 
 import torch
-from tqdm.auto import tqdm
 
 from grpo_course.config import ConfigError, GRPOConfig
 from grpo_course.core.cli import CHECKPOINT
@@ -26,6 +25,7 @@ from grpo_course.core.policy import adapter_state, set_adapter_state
 from grpo_course.core.pool import pool_record, screened_pool
 from grpo_course.core.runs import Tracker, append_metrics, save_run_config, trim_metrics
 from grpo_course.infra.atomic import atomic_write, write_json_atomic
+from grpo_course.infra.progress import tqdm
 
 #: the warm start's trainable (LoRA) weights, saved beside its adapter
 STATE_FILE = "trainable.pt"

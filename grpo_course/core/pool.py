@@ -16,14 +16,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from grpo_course.core.answers import answers_match, extract_hash_answer
 from grpo_course.core.data import gold_start, start_prompt
 from grpo_course.core.sampling import resolve_sampling_dtype, sample_completions
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.fingerprint import code_fingerprint, data_hash, weights_fingerprint
 from grpo_course.infra.paths import keyed_cache_file, read_cached
+from grpo_course.infra.progress import tqdm
 
 
 def sampled_blocks(model, tokenizer, rows: list, k: int, max_new_tokens: int, temperature: float,

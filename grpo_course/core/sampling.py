@@ -33,10 +33,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from grpo_course.config import SAMPLING_DTYPES
 from grpo_course.infra import hardware, memory
+from grpo_course.infra.progress import tqdm
 
 
 @dataclass

@@ -13,7 +13,6 @@ from typing import Any, Self
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from tqdm.auto import tqdm
 
 from grpo_course.core.checkpoints import load_adapter_state
 from grpo_course.core.data import sft_text
@@ -21,6 +20,7 @@ from grpo_course.core.policy import per_token_logps
 from grpo_course.core.precision import frozen_linear_weights_as
 from grpo_course.core.sampling import resolve_sampling_dtype
 from grpo_course.infra.memory import trim_heap
+from grpo_course.infra.progress import tqdm
 
 SFT_MAX_TOKENS = 256
 SFT_SORT_WINDOW = 8      # SFT steps whose rows are sorted by length together (less padding)

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tqdm.auto import tqdm
 
 from grpo_course.config import SAMPLING_DTYPES, START_BUDGETS, ConfigError, get_profile
 from grpo_course.core.answers import (
@@ -48,6 +47,7 @@ from grpo_course.infra.atomic import atomic_write, write_json_atomic
 from grpo_course.infra.errors import OneLineArgumentParser, report
 from grpo_course.infra.fingerprint import code_fingerprint, weights_fingerprint
 from grpo_course.infra.paths import keyed_cache_file, read_cached
+from grpo_course.infra.progress import tqdm
 from grpo_course.measure.stats import (
     mcnemar_test,
     mean_interval,

@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from tqdm.auto import tqdm
 
 from grpo_course.core.answers import answers_match, extract_hash_answer
 from grpo_course.core.data import STRATA, chat_prompt, gold_starts, sft_text, start_prompt, work_lines
@@ -38,6 +37,7 @@ from grpo_course.core.train import CourseTrainer
 from grpo_course.infra import hardware
 from grpo_course.infra.atomic import atomic_write
 from grpo_course.infra.errors import CourseError
+from grpo_course.infra.progress import tqdm
 from grpo_course.measure.stats import mcnemar_test, paired_difference
 
 EWC_FILE = "ewc.safetensors"

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from grpo_course.config import GRPOConfig
 from grpo_course.core.grpo import group_advantages, grpo_loss
+from grpo_course.infra.progress import tqdm
 from grpo_course.topics import trl_bridge
 
 G, PROMPTS, T, MAX_LEN = 4, 2, 6, 8     # 8 completions of <= 6 tokens, max_completion_length 8

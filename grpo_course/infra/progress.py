@@ -1,0 +1,40 @@
+"""Progress bars that read the same in JupyterLab, Colab and the built book.
+
+``tqdm.auto`` draws a widget in a notebook. An executed notebook keeps the widget's first text
+(``0%``) as its plain-text fallback, and a bar closed with ``leave=False`` keeps no widget state
+at all, so a static page or an executed ``.ipynb`` shows every bar frozen at 0 %. This
+:class:`tqdm` is ``tqdm.auto``'s, with one change in a notebook: when the bar closes, its output
+is replaced by the bar's final line of text (``evaluate: 100%|██████████| 64/64 [01:02<00:00]``)
+through the display it was shown in, which nbclient (the book's executor) applies to the saved
+output as JupyterLab does on screen. Outside a notebook it is ``tqdm.auto.tqdm`` unchanged.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tqdm.auto import tqdm as _auto_tqdm
+from tqdm.notebook import tqdm_notebook
+
+
+class tqdm(_auto_tqdm):
+    """``tqdm.auto.tqdm`` whose notebook bar ends as its final line of text."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._handle = None
+        widget = issubclass(_auto_tqdm, tqdm_notebook) and kwargs.get("display", True) \
+            and not kwargs.get("disable", False) and kwargs.get("delay", 0) <= 0
+        if not widget:
+            super().__init__(*args, **kwargs)
+            return
+        # shown by us, with a display id, so that close() can replace this very output
+        from IPython.display import display
+
+        super().__init__(*args, **{**kwargs, "display": False})
+        self._handle = display(self.container, display_id=True)
+        self.displayed = True
+
+    def close(self) -> None:
+        super().close()
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle is not None:
+            handle.update({"text/plain": self.format_meter(**self.format_dict)}, raw=True)
