@@ -61,8 +61,8 @@ MAY_DIFFER = ("learning_rate", "max_steps", "log_every", "save_every", "snapshot
 
 def final_step(run: Path) -> int | None:
     """The step of the finished adapter at the top of ``run`` (a shipped run, ``data/runs/<name>``,
-    keeps no snapshots): its ``run.json``'s GRPO steps, else its config's ``max_steps``; ``None``
-    where the top holds no adapter."""
+    keeps it there, not among its snapshots): its ``run.json``'s GRPO steps, else its config's
+    ``max_steps``; ``None`` where the top holds no adapter."""
     if not (run / "adapter_config.json").is_file():
         return None
     if (run / "run.json").is_file():

@@ -10,8 +10,9 @@ A recipe ``recipes/<name>_run.yaml`` trains with the train CLI (``python -m grpo
 outside the checkout (``$GRPO_COURSE_CACHE/runs/<name>``): stopped at any point (Ctrl-C, a closed
 laptop), the same command continues from its last checkpoint and ends where an uninterrupted run
 would. When the run has all its steps, its folder is exported to ``data/runs/<name>/`` in the
-train CLI's layout: the final adapter at the top and the warm start it began from in ``sft/``
-(both with bf16 weights), ``config.yaml``, ``metrics.jsonl``, ``pool.json`` (the screened
+train CLI's layout: the final adapter at the top, the warm start it began from in ``sft/`` and
+the snapshots a recipe's ``snapshot_every`` kept in ``steps/<step>/`` (all with bf16 weights: the
+learning curve validates them), ``config.yaml``, ``metrics.jsonl``, ``pool.json`` (the screened
 prompts), and ``run.json``: the machine, the hours of training and the commit that trained it.
 Prints one JSON line.
 """
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from grpo_course.config import RECIPES_DIR, ConfigError
-from grpo_course.core.checkpoints import POOL_FILE
+from grpo_course.core.checkpoints import POOL_FILE, SNAPSHOTS
 from grpo_course.core.pool import pool_record
 from grpo_course.core.runs import METRICS_FILE, RUN_CONFIG_FILE, read_metrics
 from grpo_course.infra.atomic import atomic_write, write_json_atomic
@@ -90,9 +91,19 @@ def export(work: Path, out: Path, recipe: Path = RECIPE, reproduce: str = "make 
     if warm_start:          # GRPO began from this adapter: its warm-up's hours are not counted here
         info["warm_start"] = warm_start
 
+    # the snapshots a learning curve validates (bench/learning_curve.py), less the final step's,
+    # which is the adapter at the top
+    snapshots = sorted((p for p in (work / SNAPSHOTS).glob("*")
+                        if p.name.isdigit() and int(p.name) != len(grpo)
+                        and (p / "adapter_config.json").is_file()), key=lambda p: int(p.name))
+    if snapshots:
+        info["snapshots"] = [int(p.name) for p in snapshots]
+
     def write(tmp: Path) -> None:
         copy_adapter(work, tmp)
         copy_adapter(work / "sft", tmp / "sft")
+        for folder in snapshots:
+            copy_adapter(folder, tmp / SNAPSHOTS / folder.name)
         (tmp / RUN_CONFIG_FILE).write_text(config)
         shutil.copy2(work / METRICS_FILE, tmp / METRICS_FILE)
         if pool:

@@ -61,11 +61,15 @@ def test_a_finished_run_is_exported_in_bf16_with_its_machine_and_hours(tmp_path)
     (work / "pool.json").write_text(json.dumps({"seconds": 3600.0, "mixed": [1], "ids": [1, 2],
                                                 "correct": [1, 0], "samples": 2}))
     (work / "started.json").write_text(json.dumps({"commit": "abc", "time": "t"}))
+    # kept snapshots go with it, but the final step's, which is the adapter at the top
+    _adapter(work / "steps" / "0")
+    _adapter(work / "steps" / "1")
     assert bench.main(["--export-only", "--work", str(work), "--out", str(out)]) == 0
     info = json.loads((out / "run.json").read_text())
     assert info["hours"] == 2.0 and info["grpo_steps"] == 1 and info["sft_steps"] == 1
     assert info["commit"] == "abc" and "avx2" in info["machine"]
-    for folder in (out, out / "sft"):
+    assert info["snapshots"] == [0] and sorted(p.name for p in (out / "steps").iterdir()) == ["0"]
+    for folder in (out, out / "sft", out / "steps" / "0"):
         weights = load_file(folder / "adapter_model.safetensors")
         assert weights["a.lora_A.weight"].dtype == torch.bfloat16 and weights["step"].dtype == torch.int64
     assert (out / "pool.json").is_file() and (out / "metrics.jsonl").is_file()
@@ -378,8 +382,8 @@ def test_the_fixed_tests_words_come_from_the_shipped_record():
 
 
 def test_a_shipped_run_is_tested_at_its_final_step(tmp_path):
-    """A run exported to data/runs/ keeps no snapshots: its final adapter, at the top, is its last
-    step (run.json's grpo_steps), so the learning curve can set it beside a run that kept some."""
+    """A run exported to data/runs/ keeps its final adapter at the top, not among its snapshots:
+    it is its last step (run.json's grpo_steps), so the learning curve tests it there."""
     bench = _bench("learning_curve")
     _curve_run(tmp_path / "r", 3e-4)
     (tmp_path / "r" / "adapter_config.json").write_text("{}")      # the final adapter at the top
