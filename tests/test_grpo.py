@@ -584,6 +584,43 @@ def test_a_run_interrupted_during_sft_resumes_exactly(tmp_path, monkeypatch, cap
 
 
 @pytest.mark.heavy
+@pytest.mark.parametrize("cut", ["sampling", "update"])
+def test_a_run_interrupted_inside_a_grpo_step_resumes_exactly(tmp_path, monkeypatch, cut):
+    """Ctrl-C in the middle of a GRPO step, after it drew its prompts (the cursor moved) and
+    perhaps after it updated the weights, then ``resume``: the same metrics and weights as the
+    run that was never stopped. (The interrupt's checkpoint once held the cursor of the cut
+    step, so the resumed run skipped its prompts: the curriculum run diverged there.)"""
+    import datasets
+
+    from grpo_course.core.train import CourseTrainer
+    whole = _trainer(tmp_path / "whole")
+    whole.train(max_steps=3)
+    first = _trainer(tmp_path / "cut")
+    hook = "_generate_and_score_completions" if cut == "sampling" else "_update"
+    real, calls = getattr(CourseTrainer, hook), []
+
+    def interrupted(self, *args):
+        out = real(self, *args)
+        calls.append(1)
+        if len(calls) == 2:                  # the second step, once it has drawn or updated
+            raise KeyboardInterrupt
+        return out
+    monkeypatch.setattr(CourseTrainer, hook, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        first.train(max_steps=3)
+    monkeypatch.setattr(CourseTrainer, hook, real)
+    saved = json.loads((tmp_path / "cut" / "checkpoint" / "trainer.json").read_text())
+    assert (saved["global_step"], saved["prompts_used"]) == (1, _logged(tmp_path / "whole")[0]["prompts_sampled"])
+    resumed = CourseTrainer.resume(tmp_path / "cut" / "checkpoint", tiny_model(), tiny_tokenizer(),
+                                   datasets.Dataset.from_list(ROWS),
+                                   reward_funcs={"length": length_reward}, out_dir=tmp_path / "cut")
+    resumed.train(max_steps=3)
+    assert _logged(tmp_path / "cut") == _logged(tmp_path / "whole")
+    end, again = _trainable(whole), _trainable(resumed)
+    assert all(torch.equal(again[n], end[n]) for n in end)
+
+
+@pytest.mark.heavy
 def test_sft_checkpoint_without_the_sft_optimizer_would_differ(tmp_path, monkeypatch):
     """The check above can fail: resuming the same interruption with a fresh SFT optimizer
     (what checkpoints held before) ends with different weights."""

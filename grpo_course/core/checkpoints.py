@@ -9,6 +9,7 @@ step boundary and the counters), each folder written atomically
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -74,10 +75,42 @@ class TrainingRun:
     counters."""
 
     def _mark_step_boundary(self) -> None:
-        """Remember the random states between two steps: a checkpoint holds these (not those
-        of a step that an interrupt cut short), so a resumed run draws what an uninterrupted
-        one draws (LoRA dropout in SFT and GRPO)."""
+        """Remember the random states between two steps (LoRA dropout in SFT and GRPO draws
+        from them), so that a checkpoint holds a step boundary's."""
         self._rng_at_boundary = {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+    def _run_state(self) -> dict[str, Any]:
+        """What a checkpoint holds of the run, as it is now: the trainable weights, both
+        optimizers' state, the random states of the last step boundary and the counters."""
+        return {"trainable": adapter_state(self.model),
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                "sft_optimizer": None if self.sft_optimizer is None
+                else copy.deepcopy(self.sft_optimizer.state_dict()),
+                "rng": self._rng_at_boundary, "global_step": self.global_step,
+                "sft_done": self.sft_done, "prompts_used": self.prompts_used}
+
+    @contextlib.contextmanager
+    def _one_step(self):
+        """One SFT or GRPO step of :meth:`train`, logged, as a whole or not at all. A step moves
+        the prompt cursor, the weights and the optimizers before it ends, so a Ctrl-C inside it
+        puts back the state it began from (kept here, where the run has a folder to checkpoint
+        into): the checkpoint then holds a step boundary, and the resumed run does the cut step
+        again, whole, and ends where an uninterrupted one would."""
+        start = self._run_state() if self.out_dir is not None else None
+        logged = len(self.history)
+        try:
+            yield
+        except KeyboardInterrupt:
+            if start is not None:
+                set_adapter_state(self.model, start["trainable"])
+                self.optimizer.load_state_dict(start["optimizer"])
+                if start["sft_optimizer"] is not None:
+                    self.sft_optimizer.load_state_dict(start["sft_optimizer"])
+                self.global_step, self.sft_done = start["global_step"], start["sft_done"]
+                self.prompts_used = start["prompts_used"]
+                del self.history[logged:]       # the metrics file is trimmed on resume
+            raise
+        self._mark_step_boundary()
 
     def fork(self) -> Self:
         """A deep copy that shares the frozen base weights with this trainer (they never change):
@@ -106,17 +139,15 @@ class TrainingRun:
         """Trainable weights, both optimizers (GRPO's and the SFT warm-up's), the random states
         at the last step boundary, counters and config, written atomically. The data order is
         a function of ``config.seed`` and the counters (``sft_done``, ``prompts_used``)."""
-        trainable = adapter_state(self.model)
+        state = self._run_state()
 
         def write(tmp: Path) -> None:
-            torch.save({"trainable": trainable, "optimizer": self.optimizer.state_dict(),
-                        "sft_optimizer": None if self.sft_optimizer is None
-                        else self.sft_optimizer.state_dict(),
-                        "rng": self._rng_at_boundary}, tmp / "state.pt")
+            torch.save({k: state[k] for k in ("trainable", "optimizer", "sft_optimizer", "rng")},
+                       tmp / "state.pt")
             cfg = dataclasses.asdict(self.config)
             (tmp / "trainer.json").write_text(json.dumps(
-                {"global_step": self.global_step, "sft_done": self.sft_done,
-                 "prompts_used": self.prompts_used, "config": cfg, "pool": self.pool},
+                {"global_step": state["global_step"], "sft_done": state["sft_done"],
+                 "prompts_used": state["prompts_used"], "config": cfg, "pool": self.pool},
                 indent=2))
         return atomic_write(Path(path), write, folder=True)
 
@@ -212,9 +243,9 @@ class TrainingRun:
                 write_json_atomic(self.out_dir / POOL_FILE, pool_record(pool))
             bar = tqdm(range(self.global_step, max_steps), desc="grpo", leave=False)
             for _ in bar:
-                row = self.step()
-                self._log(row)
-                self._mark_step_boundary()
+                with self._one_step():
+                    row = self.step()
+                    self._log(row)
                 rows_out.append(row)
                 bar.set_postfix(reward=f"{row['reward']:.2f}", s=f"{row['step_seconds']:.1f}")
                 if cfg.snapshot_every and self.out_dir is not None and \

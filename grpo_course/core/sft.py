@@ -98,11 +98,11 @@ class SFTWarmup:
         rows_out = []
         with self.sft_kernels():
             for _ in tqdm(range(self.sft_done, steps), desc="sft", leave=False):
-                picked = self._sft_rows(self.sft_done)
-                row = self.sft_step({k: [r[k] for r in picked] for k in picked[0]}, optimizer)
-                self.sft_done += 1
-                self._log(row)
-                self._mark_step_boundary()
+                with self._one_step():
+                    picked = self._sft_rows(self.sft_done)
+                    row = self.sft_step({k: [r[k] for r in picked] for k in picked[0]}, optimizer)
+                    self.sft_done += 1
+                    self._log(row)
                 rows_out.append(row)
         return rows_out
 
