@@ -213,6 +213,18 @@ def test_chapter_5_takes_the_main_run_s_rewards_and_filter_and_nothing_else():
         assert run.max_completion_length == profile.cl.max_completion_length
 
 
+def test_chapter_6_times_int8_at_the_evaluation_batch():
+    """Chapter 6 compares INT8's speed with the fastest decoder where its evaluations decode: its
+    largest timed batch is the profile's evaluation batch (torchao's, whose prefill is slow, no
+    larger)."""
+    from grpo_course import config
+
+    profiles = [*config.FULL_BY_CPU.values(), *(config._binder_profile(f) for f in config.FULL_BY_CPU.values())]
+    for p in profiles:
+        assert max(p.quant.batch_sizes) == p.eval.batch_size >= max(p.quant.torchao_batch_sizes), p.name
+        assert p.quant.torchao_prompts >= 2 and p.quant.torchao_prompts <= p.quant.agreement_prompts, p.name
+
+
 def test_every_profile_but_smoke_gives_ewc_a_step_to_act():
     """EWC's penalty and its gradient are zero at the anchor, so a stage's first step is the same
     with and without it: chapter 5's comparison needs at least two steps a stage."""

@@ -192,12 +192,20 @@ def test_paired_rows_compare_each_variant_with_fp32_problem_by_problem():
     assert same["reward change"] == 0 and same["format p"] == 1.0 and same["accuracy p"] == 1.0
 
 
-def test_cosine_change_is_paired_on_the_same_positions():
+def test_cosine_change_is_paired_over_prompts():
     """Chapter 6 says one variant's logits are closer to fp32's only where the paired interval of
-    the cosines' difference lies above 0."""
+    the cosines' difference lies above 0; a prompt's positions count once, as one prompt."""
     g = torch.Generator().manual_seed(0)
     ref = torch.randn(32, 50, generator=g)
     near, far = ref + 0.01 * torch.randn(32, 50, generator=g), ref + 1.0 * torch.randn(32, 50, generator=g)
-    closer = Q.cosine_change(ref, far, near)
-    assert closer["n"] == 32 and closer["lo"] > 0
-    assert Q.cosine_change(ref, near, far)["hi"] < 0
+    closer = Q.cosine_change(ref, far, near, positions_per_prompt=4)
+    assert closer["n"] == 8 and closer["lo"] > 0
+    assert Q.cosine_change(ref, near, far, positions_per_prompt=4)["hi"] < 0
+    # each prompt's mean, not its positions: the same cosines as 32 one-position prompts give a
+    # narrower interval than as 2 prompts of 16
+    by_position = Q.cosine_change(ref, far, near, positions_per_prompt=1)
+    by_prompt = Q.cosine_change(ref, far, near, positions_per_prompt=16)
+    assert by_prompt["difference"] == pytest.approx(by_position["difference"], rel=1e-5)
+    assert by_prompt["n"] == 2 and by_prompt["hi"] - by_prompt["lo"] > by_position["hi"] - by_position["lo"]
+    with pytest.raises(ValueError, match="whole prompts of 5"):
+        Q.cosine_change(ref, far, near, positions_per_prompt=5)

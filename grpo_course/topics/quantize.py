@@ -367,8 +367,9 @@ def prompt_logits(model, tokenizer, prompts: Sequence[str], last_k: int = 16) ->
     rows = []
     for text in prompts:
         ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
-        k = min(last_k, ids.shape[1])
-        rows.append(model(input_ids=ids, logits_to_keep=k).logits[0].float())
+        if ids.shape[1] < last_k:       # every prompt gives last_k rows: cosine_change groups them
+            raise ValueError(f"a prompt of {ids.shape[1]} tokens has fewer than last_k = {last_k} positions")
+        rows.append(model(input_ids=ids, logits_to_keep=last_k).logits[0].float())
     return torch.cat(rows)
 
 
@@ -388,11 +389,20 @@ def logits_agreement(reference: torch.Tensor, other: torch.Tensor) -> dict[str, 
             "positions": int(reference.shape[0])}
 
 
-def cosine_change(reference: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:
-    """How much closer ``b``'s logits are to ``reference``'s than ``a``'s, position by position: the
-    paired difference of their cosines (:func:`~grpo_course.measure.stats.paired_difference`, b - a).
-    Positions of one prompt are not independent, so the interval is narrower than one over prompts."""
-    return paired_difference(position_cosines(reference, a).tolist(), position_cosines(reference, b).tolist())
+def cosine_change(reference: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                  positions_per_prompt: int) -> dict[str, float]:
+    """How much closer ``b``'s logits are to ``reference``'s than ``a``'s: the paired difference
+    of their cosines (:func:`~grpo_course.measure.stats.paired_difference`, b - a) over prompts,
+    each prompt's cosines averaged over its ``positions_per_prompt`` rows first (the layout of
+    :func:`prompt_logits`). The positions of one prompt share its text, so they are not
+    independent draws: ``n`` is the number of prompts, and a handful gets the wide interval it
+    deserves."""
+    rows = reference.shape[0]
+    if positions_per_prompt < 1 or rows % positions_per_prompt:
+        raise ValueError(f"{rows} logit rows are not whole prompts of {positions_per_prompt} positions")
+    per_prompt = [position_cosines(reference, x).reshape(-1, positions_per_prompt).mean(1).tolist()
+                  for x in (a, b)]
+    return paired_difference(*per_prompt)
 
 
 def paired_rows(results: dict[str, Any], dataset, weights: dict[str, float],
