@@ -621,6 +621,36 @@ def test_a_run_interrupted_inside_a_grpo_step_resumes_exactly(tmp_path, monkeypa
 
 
 @pytest.mark.heavy
+def test_a_cell_interrupted_inside_a_step_and_run_again_ends_where_it_would(tmp_path, monkeypatch):
+    """A student's path: Ctrl-C inside a GRPO step (after its update), then ``train`` again on
+    the same trainer, in the same process. The cut step is undone, random states included, so
+    the run ends with the weights of the run that was never stopped."""
+    from grpo_course.core.train import CourseTrainer
+    dropout = dict(lora_dropout=0.2)         # the update draws its dropout masks from torch's state
+    whole = _trainer(tmp_path / "whole", **dropout)
+    whole.train(max_steps=3)
+    first = _trainer(tmp_path / "cut", **dropout)
+    real, calls = CourseTrainer._update, []
+
+    def interrupted(self, *args):
+        out = real(self, *args)
+        calls.append(1)
+        if len(calls) == 2:
+            torch.rand(7)                    # the cut step drew random numbers too
+            raise KeyboardInterrupt
+        return out
+    monkeypatch.setattr(CourseTrainer, "_update", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        first.train(max_steps=3)
+    monkeypatch.setattr(CourseTrainer, "_update", real)
+    assert (first.global_step, len(first.history)) == (1, 1)
+    first.train(max_steps=3)
+    assert _logged(tmp_path / "cut") == _logged(tmp_path / "whole")
+    end, again = _trainable(whole), _trainable(first)
+    assert all(torch.equal(again[n], end[n]) for n in end)
+
+
+@pytest.mark.heavy
 def test_sft_checkpoint_without_the_sft_optimizer_would_differ(tmp_path, monkeypatch):
     """The check above can fail: resuming the same interruption with a fresh SFT optimizer
     (what checkpoints held before) ends with different weights."""

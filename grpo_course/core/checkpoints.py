@@ -79,15 +79,33 @@ class TrainingRun:
         from them), so that a checkpoint holds a step boundary's."""
         self._rng_at_boundary = {"torch": torch.get_rng_state(), "python": random.getstate()}
 
-    def _run_state(self) -> dict[str, Any]:
+    def _run_state(self, keep: bool = False) -> dict[str, Any]:
         """What a checkpoint holds of the run, as it is now: the trainable weights, both
-        optimizers' state, the random states of the last step boundary and the counters."""
-        return {"trainable": adapter_state(self.model),
-                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-                "sft_optimizer": None if self.sft_optimizer is None
-                else copy.deepcopy(self.sft_optimizer.state_dict()),
+        optimizers' state, the random states of the last step boundary and the counters.
+        ``keep`` copies the optimizers' tensors, which later steps update in place."""
+        def optimizer(opt) -> dict | None:
+            if opt is None:
+                return None
+            return copy.deepcopy(opt.state_dict()) if keep else opt.state_dict()
+        return {"trainable": adapter_state(self.model), "optimizer": optimizer(self.optimizer),
+                "sft_optimizer": optimizer(self.sft_optimizer),
                 "rng": self._rng_at_boundary, "global_step": self.global_step,
                 "sft_done": self.sft_done, "prompts_used": self.prompts_used}
+
+    def _set_run_state(self, state: dict[str, Any]) -> None:
+        """Put back a :meth:`_run_state`: after a cut step, or from a checkpoint."""
+        set_adapter_state(self.model, state["trainable"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sft_optimizer = None        # sft() makes it afresh where the state has none
+        if state.get("sft_optimizer") is not None:
+            self.sft_optimizer = self._make_sft_optimizer()
+            self.sft_optimizer.load_state_dict(state["sft_optimizer"])
+        if state.get("rng") is not None:
+            torch.set_rng_state(state["rng"]["torch"])
+            random.setstate(state["rng"]["python"])
+            self._mark_step_boundary()
+        self.global_step, self.sft_done = state["global_step"], state["sft_done"]
+        self.prompts_used = state["prompts_used"]
 
     @contextlib.contextmanager
     def _one_step(self):
@@ -96,18 +114,13 @@ class TrainingRun:
         puts back the state it began from (kept here, where the run has a folder to checkpoint
         into): the checkpoint then holds a step boundary, and the resumed run does the cut step
         again, whole, and ends where an uninterrupted one would."""
-        start = self._run_state() if self.out_dir is not None else None
+        start = self._run_state(keep=True) if self.out_dir is not None else None
         logged = len(self.history)
         try:
             yield
         except KeyboardInterrupt:
             if start is not None:
-                set_adapter_state(self.model, start["trainable"])
-                self.optimizer.load_state_dict(start["optimizer"])
-                if start["sft_optimizer"] is not None:
-                    self.sft_optimizer.load_state_dict(start["sft_optimizer"])
-                self.global_step, self.sft_done = start["global_step"], start["sft_done"]
-                self.prompts_used = start["prompts_used"]
+                self._set_run_state(start)
                 del self.history[logged:]       # the metrics file is trimmed on resume
             raise
         self._mark_step_boundary()
@@ -159,6 +172,8 @@ class TrainingRun:
         path = Path(path)
         try:
             meta = json.loads((path / "trainer.json").read_text())
+            counters = {"global_step": meta["global_step"], "sft_done": meta["sft_done"],
+                        "prompts_used": meta.get("prompts_used")}
             if config is None:
                 cfg = meta["config"]
                 cfg["lora_target_modules"] = tuple(cfg["lora_target_modules"])
@@ -172,24 +187,16 @@ class TrainingRun:
         trainer = cls(model, tokenizer, config, train_dataset, **kwargs)
         try:
             state = torch.load(path / "state.pt", weights_only=True)
-            set_adapter_state(trainer.model, state["trainable"])
-            trainer.optimizer.load_state_dict(state["optimizer"])
-            if state.get("sft_optimizer") is not None:
-                trainer.sft_optimizer = trainer._make_sft_optimizer()
-                trainer.sft_optimizer.load_state_dict(state["sft_optimizer"])
-            if state.get("rng") is not None:
-                torch.set_rng_state(state["rng"]["torch"])
-                random.setstate(state["rng"]["python"])
-                trainer._mark_step_boundary()
+            if counters["prompts_used"] is None:     # a checkpoint from before the cursor was saved
+                counters["prompts_used"] = counters["global_step"] * trainer.config.prompts_per_step
+            trainer._set_run_state({**state, **counters})
         except Exception as exc:  # cut short, or another model's: torch's own errors
             raise ConfigError(f"{path / 'state.pt'} is not a readable checkpoint for this model "
                               f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
         if meta.get("pool") is not None:     # the screening of the run's start, not a new one
             trainer.use_pool(meta["pool"])
-        trainer.global_step, trainer.sft_done = meta["global_step"], meta["sft_done"]
         if trainer.out_dir is not None:     # rows logged after the checkpoint are logged again
             trim_metrics(trainer.out_dir, trainer.sft_done, trainer.global_step)
-        trainer.prompts_used = meta.get("prompts_used", trainer.global_step * trainer.config.prompts_per_step)
         return trainer
 
     def build_pool(self, progress: bool = True) -> dict[str, Any] | None:
