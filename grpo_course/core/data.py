@@ -278,11 +278,20 @@ def mixed_starts(dataset, starts: list[int | None]):
 
 
 def _with_columns(dataset, columns: dict[str, list]):
-    """``dataset`` with ``columns`` added, each replacing a column of its name."""
-    for name, values in columns.items():
-        if name in dataset.column_names:
-            dataset = dataset.remove_columns(name)
-        dataset = dataset.add_column(name, values)
+    """``dataset`` with ``columns`` added, each replacing a column of its name. On a selection
+    ``add_column`` first copies the selected rows, with a progress bar of its own: hidden here,
+    since a page would keep it as a stray line beside its results."""
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    was_off = are_progress_bars_disabled()
+    disable_progress_bars()
+    try:
+        for name, values in columns.items():
+            if name in dataset.column_names:
+                dataset = dataset.remove_columns(name)
+            dataset = dataset.add_column(name, values)
+    finally:
+        if not was_off:
+            enable_progress_bars()
     return dataset
 
 
