@@ -250,7 +250,7 @@ def failed_bars(checks: dict[str, bool]) -> str:
     missed = [BAR_WORDS[k] for k, ok in checks.items() if not ok]
     if not missed:
         return "passes every bar"
-    return f"misses {len(missed)} of {len(checks)} bars: " + "; ".join(missed)
+    return f"misses {len(missed)} of {len(checks)} bars, those asking for " + "; ".join(missed)
 
 
 def test_rows(part: str) -> str:
@@ -371,5 +371,6 @@ def length_change(history: list[dict[str, Any]], config, window: int) -> dict[st
                         "longer": "the answers grew longer all the same, so these pushes did not decide the "
                                   "length in this run",
                         "too few steps to tell": "a run this short cannot show whether they did",
-                        }.get(word, "the length did not move detectably, so these pushes did not show in "
-                                    "this run")}
+                        }.get(word, "the length on its training prompts did not move detectably, so these "
+                                    "pushes did not show there (the held-out answers' length is measured "
+                                    "below)")}
