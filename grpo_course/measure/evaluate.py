@@ -281,8 +281,8 @@ def evaluate_sampled(model_name: str, dataset, samples: int, max_new_tokens: int
     model, tokenizer = load_model(model_name)
     start = time.perf_counter()
     records = sampled_records(model, tokenizer, dataset, samples, max_new_tokens, temperature,
-                              seed, batch_prompts, sampling_dtype, progress, f"{model_name}: "
-                              f"{samples} samples")
+                              seed, batch_prompts, sampling_dtype, progress,
+                              f"{'/'.join(Path(model_name).parts[-2:])}: {samples} samples")   # not a build's path
     return SampledResult(samples, records, time.perf_counter() - start, model_name)
 
 

@@ -273,7 +273,7 @@ def fixed_test_sentences(fixed: dict[str, Any]) -> dict[str, str]:
     pk_up = sum(d["lo"] > 0 for d in passk)
     ent_down = sum(t["entropy after"] < t["entropy before"] for t in table)
     return {
-        "ref_verdict": ("it passed: sampled pass@1 rose with p < 0.05 on both slices, and its format rate stayed at or above 95 %"
+        "ref_verdict": ("it passed: sampled pass@1 rose with p < 0.05 on both slices, and its format rate after the run was at least 95 %"
                         if verdict["passed"] else
                         f"it did not pass: pass@1 rose with p < 0.05 on {sum(verdict['rose'])} of "
                         f"{len(verdict['rose'])} slices, and the format held on {sum(verdict['format_ok'])}"),
