@@ -116,17 +116,19 @@ def test_the_answers_sentence_puts_the_chance_baseline_beside_the_answers():
     assert text.endswith("at random would score 1.2 %")
 
 
-def test_the_format_reading_tells_writing_an_answer_from_solving():
+def test_the_format_reading_gives_the_work_beside_the_format_without_a_verdict_from_it():
+    """The work's means are untested, so the sentence gives them with no direction word and no
+    'form, not arithmetic' reading (fewer equations per answer lowered right equations per answer
+    while the share of right ones rose: the product had read as 'did not rise')."""
     side = lambda share, eq: {"right_equation_share": share, "equations_per_problem": eq}
     tests = lambda fb, fa, a, b: {"greedy": {"n": 1319, "format_before": fb, "format_after": fa,
                                              "answers": {"a": side(*a), "b": side(*b)}}}
-    format_only = wp.format_reading(tests(0.81, 0.999, (0.5, 2.4), (0.5, 2.2)), "The run")
-    assert format_only.startswith("The run's format rose (81 → 100 %, n = 1319)")
-    assert "did not rise (1.20 → 1.10, untested)" in format_only and format_only.endswith("not right arithmetic.")
-    both = wp.format_reading(tests(0.81, 0.999, (0.5, 2.0), (0.6, 2.0)), "The run")
-    assert "rose (1.00 → 1.20" in both and "not right arithmetic" not in both
-    flat = wp.format_reading(tests(0.80, 0.81, (0.5, 2.4), (0.5, 2.2)), "The run")
-    assert "format did not change detectably" in flat and "not right arithmetic" not in flat
+    fewer = wp.format_reading(tests(0.81, 0.999, (0.55, 2.23), (0.58, 1.90)), "The run")
+    assert fewer.startswith("The run's format rose (81 → 100 %, n = 1319)")
+    assert "right equations went from 55 % to 58 %" in fewer and "from 2.23 to 1.90 (both untested)" in fewer
+    assert "arithmetic" not in fewer and "did not rise" not in fewer
+    flat = wp.format_reading(tests(0.80, 0.81, (None, 0.0), (0.5, 2.2)), "The run")
+    assert "format did not change detectably" in flat and "went from – to 50 %" in flat
 
 
 def test_samples_are_cached_block_by_block_with_the_seeds_of_one_call(monkeypatch, tmp_path):

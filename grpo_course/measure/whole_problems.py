@@ -293,20 +293,19 @@ def answers_sentence(tests: dict[str, Any]) -> str:
 
 
 def format_reading(tests: dict[str, Any], label: str) -> str:
-    """One sentence on whether a run learned to write an answer rather than to solve: its greedy
-    format rate (a change where the two rates' Wilson intervals do not overlap: unpaired, so
-    cautious) beside its right equations per answer (a mean over answers, untested)."""
+    """One sentence on a run's greedy answers: its format rate (a change where the two rates'
+    Wilson intervals do not overlap: unpaired, so cautious) beside its share of right equations and
+    its equations per answer (means over answers, untested: no direction word for them, and no
+    reading of form against arithmetic from them)."""
     g = tests["greedy"]
     (b_lo, b_hi), (a_lo, a_hi) = (wilson_interval(round(g[k] * g["n"]), g["n"]) for k in ("format_before", "format_after"))
     fmt = interval_words(a_lo - b_hi, a_hi - b_lo, "rose", "fell", "did not change detectably")
-    per_answer = [right_equations_per_answer(g["answers"][s]) for s in ("a", "b")]
-    eq = "rose" if per_answer[1] > per_answer[0] else "did not rise"
-    said = (f"{label}'s format {fmt} ({100 * g['format_before']:.0f} → {100 * g['format_after']:.0f} %, "
-            f"n = {g['n']}) and its right equations per answer {eq} ({per_answer[0]:.2f} → {per_answer[1]:.2f}, "
-            f"untested)")
-    if fmt == "rose" and eq == "did not rise":
-        return said + ": by this reading its greedy answers gained the answer's form, not right arithmetic."
-    return said + "."
+    a, b = g["answers"]["a"], g["answers"]["b"]
+    share = lambda side: "–" if side["right_equation_share"] is None else f"{100 * side['right_equation_share']:.0f} %"
+    return (f"{label}'s format {fmt} ({100 * g['format_before']:.0f} → {100 * g['format_after']:.0f} %, "
+            f"n = {g['n']}); its share of right equations went from {share(a)} to {share(b)} and its "
+            f"equations per answer from {a['equations_per_problem']:.2f} to {b['equations_per_problem']:.2f} "
+            f"(both untested).")
 
 
 # ---- what the course shows on whole problems, from the shipped records (the intro, page 3b)
