@@ -8,6 +8,7 @@ on. Without the file the page says that nothing was measured and the build warns
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from docutils import nodes
 from docutils.parsers.rst import Directive
@@ -59,7 +60,15 @@ class MemoryTable(Directive):
                 f"it was: the shared warm start trained before, and evaluations of identical "
                 f"weights reused.{_dates(results)} These are not this build's minutes: each page "
                 f"states its own run time at its end.")
-        return [_table(header, rows), nodes.paragraph(text=note + " " + _verdict(data, CHAPTER_LIMIT_MIB))]
+        return [_table(header, rows),
+                nodes.paragraph(text=note + _unmeasured(results) + " " + _verdict(data, CHAPTER_LIMIT_MIB))]
+
+
+def _unmeasured(results: dict) -> str:
+    """The pages the table has no row for: `` Not measured: <pages>.`` (or nothing)."""
+    pages = sorted(nb.stem for nb in (Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
+    missing = [page for page in pages if page not in results]
+    return f" Not measured: {', '.join(missing)}." if missing else ""
 
 
 def _dates(results: dict) -> str:
