@@ -35,7 +35,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from grpo_course.core.loading import _prepare, quiet_torchao
+from grpo_course.core.loading import _prepare, no_loading_bar, quiet_torchao
 from grpo_course.core.sampling import has_plain_linear_weights, sample_completions
 from grpo_course.infra.atomic import atomic_write
 from grpo_course.infra.errors import CourseError, OneLineArgumentParser, report
@@ -299,7 +299,8 @@ def load_quantized(folder: str | Path):
     tokenizer = AutoTokenizer.from_pretrained(folder) if any(
         (folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")) else None
     if variant == "fp32":
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        with no_loading_bar():
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         return _prepare(model, tokenizer, "cpu") if tokenizer is not None else (model.eval(), None)
     from transformers.initialization import no_init_weights
 
