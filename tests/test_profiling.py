@@ -337,3 +337,11 @@ def test_against_repeats_reads_a_difference_only_beyond_the_repeats_spread():
     assert read([1.0], 2.0).endswith("(one run each: no repeat to size the noise)")
     assert read([1.0, 1.2], float("nan")).endswith("full fine-tuning was not run on this profile")
     assert read([1.0, 1.2], 2.0).startswith("It took 1.0 s and 1.2 s with LoRA (the same step, run twice")
+
+
+def test_runs_compare_calls_a_winner_only_where_every_run_beats_every_other():
+    assert prof.runs_compare([10.0, 11.0], [8.0, 9.5], "fp32") == "faster than fp32 in every run"
+    assert prof.runs_compare([7.0, 7.5], [8.0, 9.5], "fp32") == "slower than fp32 in every run"
+    # one run of each side inside the other's range: no order is claimed
+    assert prof.runs_compare([9.0, 11.0], [8.0, 9.5], "fp32").startswith("not told apart from fp32")
+    assert prof.runs_compare([9.0], [9.0], "it").startswith("not told apart from it")

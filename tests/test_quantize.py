@@ -192,6 +192,12 @@ def test_paired_rows_compare_each_variant_with_fp32_problem_by_problem():
     assert same["reward change"] == 0 and same["format p"] == 1.0 and same["accuracy p"] == 1.0
 
 
+def test_peak_change_names_the_side_of_fp32_it_lies_on():
+    assert Q.peak_change(880, 1000) == "12 % below fp32's"
+    assert Q.peak_change(1120, 1000) == "12 % above fp32's"
+    assert Q.peak_change(1004, 1000) == "level with fp32's (within 0.5 %)"
+
+
 def test_cosine_change_is_paired_over_prompts():
     """Chapter 6 says one variant's logits are closer to fp32's only where the paired interval of
     the cosines' difference lies above 0; a prompt's positions count once, as one prompt."""

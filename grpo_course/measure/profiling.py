@@ -518,6 +518,17 @@ def against_repeats(what: str, runs: list[float], other: float, unit: str, fmt: 
     return text + f": {'higher' if other > max(runs) else 'lower'} than both {names[0]} runs by more than their spread"
 
 
+def runs_compare(a: list[float], b: list[float], name_b: str) -> str:
+    """``a``'s repeated runs against ``b``'s (rates, higher is faster): faster or slower only
+    where every run of one beats every run of the other, else not told apart, since a best of
+    N alone would hide the runs' spread."""
+    if min(a) > max(b):
+        return f"faster than {name_b} in every run"
+    if max(a) < min(b):
+        return f"slower than {name_b} in every run"
+    return f"not told apart from {name_b} (the runs' ranges overlap)"
+
+
 def sampler_sentence(record: dict) -> str:
     """One sentence per shape of the course sampler against each peer's fastest setting, the
     words (ahead, behind, level) read from the ratios."""

@@ -497,6 +497,14 @@ class PeakRSS:
         return rss_bytes()
 
 
+def peak_change(peak: int, fp32_peak: int) -> str:
+    """A variant's peak resident memory against fp32's, in words: "12 % below fp32's"."""
+    percent = 100 * (peak - fp32_peak) / fp32_peak
+    if round(abs(percent)) == 0:
+        return "level with fp32's (within 0.5 %)"
+    return f"{abs(percent):.0f} % {'below' if percent < 0 else 'above'} fp32's"
+
+
 def measure_folder(folder: str | Path, prompts: Sequence[str], batch_sizes: Sequence[int] = (1, 8),
                    max_new_tokens: int = 32, repeats: int = 1,
                    threads: int | None = None) -> dict[str, Any]:
