@@ -12,6 +12,7 @@ from grpo_course.topics.curriculum import (
     EWC,
     CurriculumError,
     accuracy_change,
+    accuracy_change_text,
     completion_log_likelihood,
     curriculum_stages,
     ewc_penalty,
@@ -106,6 +107,18 @@ def test_accuracy_change_is_paired():
     assert d["p_value"] == pytest.approx(1.0)            # 1 lost vs 2 gained: no evidence
     with pytest.raises(CurriculumError, match="same problems"):
         accuracy_change(before, _result([True] * 5))
+
+
+def test_accuracy_change_text_tests_only_where_a_problem_changed():
+    d = accuracy_change(_result([True, True, False, False, False, False]),
+                        _result([True, False, True, True, False, False]))
+    assert accuracy_change_text(d).startswith("33.3 → 50.0 % (+16.7 points, 95 % CI [")
+    assert accuracy_change_text(d).endswith("1 lost, 2 gained, p = 1)")
+    assert accuracy_change_text(d, levels=False).startswith("+16.7 points (95 % CI [")
+    same = accuracy_change(_result([True, False, False]), _result([True, False, False]))
+    for levels, lead in ((True, "33.3 → 33.3 %"), (False, "+0.0 points")):
+        assert accuracy_change_text(same, levels) == \
+            f"{lead} (no problem of the 3 changed, so this test cannot show a change)"
 
 
 def test_order_by_pass_rate_easiest_first_ties_keep_step_order():

@@ -152,6 +152,18 @@ def accuracy_change(before, after) -> dict[str, Any]:
             "lost": test["a_only"], "gained": test["b_only"], "p_value": test["p_value"]}
 
 
+def accuracy_change_text(d: Mapping[str, Any], levels: bool = True) -> str:
+    """:func:`accuracy_change`'s result in words, led by both accuracies (``levels``) or by the
+    change alone. Where no problem changed there is nothing to test: a t interval over all-zero
+    differences would collapse to [0, 0] and look certain, so the sentence says so instead."""
+    lead = f"{d['before']:.1f} → {d['after']:.1f} %" if levels else f"{d['change']:+.1f} points"
+    if d["lost"] == d["gained"] == 0:
+        return f"{lead} (no problem of the {d['n']} changed, so this test cannot show a change)"
+    change = f"{d['change']:+.1f} points, " if levels else ""
+    return (f"{lead} ({change}95 % CI [{d['lo']:+.1f}, {d['hi']:+.1f}], {d['lost']} lost, "
+            f"{d['gained']} gained, p = {d['p_value']:.2g})")
+
+
 def gold_continuation(row: Mapping[str, Any]) -> str:
     """What the model writes at a row's start (``lines_left`` work lines, see
     :func:`~grpo_course.core.data.gold_start`) in the gold solution's words: those lines, then the
