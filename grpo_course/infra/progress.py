@@ -10,6 +10,8 @@ output as JupyterLab does on screen. Outside a notebook it is ``tqdm.auto.tqdm``
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from tqdm.auto import tqdm as _auto_tqdm
@@ -38,3 +40,27 @@ class tqdm(_auto_tqdm):
         handle, self._handle = getattr(self, "_handle", None), None
         if handle is not None:
             handle.update({"text/plain": self.format_meter(**self.format_dict)}, raw=True)
+
+
+@contextlib.contextmanager
+def library_bars_off(library: str) -> Iterator[None]:
+    """``library``'s own progress bars (``"transformers"`` or ``"datasets"``) off for the block,
+    then as they were: a short step of theirs would otherwise leave its first frame (0 %) as a
+    stray line in an executed page."""
+    if library == "transformers":
+        from transformers.utils import logging as hf_logging
+        shown = hf_logging.is_progress_bar_enabled()
+        off, on = hf_logging.disable_progress_bar, hf_logging.enable_progress_bar
+    elif library == "datasets":
+        from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+        shown = not are_progress_bars_disabled()
+        off, on = disable_progress_bars, enable_progress_bars
+    else:
+        raise ValueError(f"library_bars_off: no progress bars known for {library!r} "
+                         "(transformers or datasets)")
+    off()
+    try:
+        yield
+    finally:
+        if shown:
+            on()
