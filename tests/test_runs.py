@@ -123,12 +123,16 @@ def test_a_curriculum_resumed_at_a_stage_boundary_ends_where_the_uninterrupted_o
     stages = [Stage("one", ("basic",), datasets.Dataset.from_list(ROWS[:4])),
               Stage("two", ("basic",), datasets.Dataset.from_list(ROWS[2:])),
               Stage("three", ("basic",), datasets.Dataset.from_list(ROWS))]
-    whole, _ = train_stages(tiny_model(), tiny_tokenizer(), config, stages, 2)
+    whole, _ = train_stages(tiny_model(), tiny_tokenizer(), config, stages, 2, out_dir=tmp_path / "whole")
     first, _ = train_stages(tiny_model(), tiny_tokenizer(), config, stages[:1], 2)
     checkpoint = first.save_checkpoint(tmp_path / "stage1")
     resumed, records = train_stages(tiny_model(), tiny_tokenizer(), config, stages[1:], 2,
-                                    resume=checkpoint)
+                                    resume=checkpoint, out_dir=tmp_path / "resumed")
     assert [r["step"] for r in records[0]["steps"]] == [0, 1]        # the stage's own steps
+    # its log numbers the steps as the uninterrupted run's does, so both plot on one axis
+    logged = {name: [(r["stage"], r["step"]) for r in runs.read_metrics(tmp_path / name)]
+              for name in ("whole", "resumed")}
+    assert logged["resumed"] == logged["whole"][2:] == [("two", 2), ("two", 3), ("three", 4), ("three", 5)]
     want, got = adapter_state(whole.model), adapter_state(resumed.model)
     assert want.keys() == got.keys() and want
     for name in want:

@@ -563,18 +563,21 @@ def train_stages(model, tokenizer, config, stages: Sequence[Stage], steps_per_st
     (fresh optimizer, its rows from the first, step 0), so a run resumed at a stage boundary ends
     where the uninterrupted one would. With ``out_dir`` the run is saved in the layout of
     every run (:func:`grpo_course.core.runs.write_run`: its config and every stage's GRPO steps, each
-    row tagged with its stage and numbered across stages). Returns ``(last_trainer, records)``.
+    row tagged with its stage and numbered across stages, after the checkpoint's steps where it
+    resumes, so that it plots at the steps of the uninterrupted run). Returns
+    ``(last_trainer, records)``.
     """
 
-    records, trainer, rows = [], None, []
+    records, trainer, rows, first_step = [], None, [], 0
     for k, stage in enumerate(stages):
         if k == 0 and resume is not None:     # the finished stage's weights, not its trainer
-            model = CourseTrainer.resume(resume, model, tokenizer, stage.dataset).model
+            resumed = CourseTrainer.resume(resume, model, tokenizer, stage.dataset)
+            model, first_step = resumed.model, resumed.global_step
         trainer = CourseTrainer(model if trainer is None else trainer.model, tokenizer,
                                 config, stage.dataset, penalty=penalty)
         steps = trainer.train(max_steps=trainer.global_step + steps_per_stage)   # this stage's rows
         grpo_rows = [r for r in steps if r.get("phase", "grpo") == "grpo"]
-        rows += [{**r, "stage": stage.name, "step": len(rows) + i} for i, r in enumerate(grpo_rows)]
+        rows += [{**r, "stage": stage.name, "step": first_step + len(rows) + i} for i, r in enumerate(grpo_rows)]
         record = {"stage": stage.name, "steps": steps}
         if after_stage is not None:
             record.update(after_stage(k, stage, trainer.model))
