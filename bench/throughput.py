@@ -95,6 +95,8 @@ def worker_ours(G: int, completions: int, length: int, steps: int, all_groups: b
 def worker_sampling(sequences: int, length: int, dtype: str = "auto") -> dict:
     """Decode speed at ``sequences`` rows (8 prompts x G), temperature 1, no EOS stop bias,
     with the sampler's weights in ``dtype`` (``auto`` = what the trainer uses)."""
+    import torch
+
     from grpo_course.core.data import chat_prompts, load_gsm8k
     from grpo_course.core.loading import load_model
     from grpo_course.core.sampling import sample_completions
@@ -106,7 +108,9 @@ def worker_sampling(sequences: int, length: int, dtype: str = "auto") -> dict:
     start = time.perf_counter()
     s = sample_completions(model, tok, prompts, G, length, seed=1, sampling_dtype=dtype)
     secs = time.perf_counter() - start
-    return {"sequences": sequences, "sampling_dtype": dtype, "decode_steps": s.completion_ids.shape[1], "seconds": secs,
+    resolved = "bfloat16" if s.sampling_dtype == torch.bfloat16 else "float32"    # what "auto" chose
+    return {"sequences": sequences, "asked": dtype, "sampling_dtype": resolved,
+            "decode_steps": s.completion_ids.shape[1], "seconds": secs,
             "tokens_per_s": float(s.completion_mask.sum()) / secs,
             "slot_tokens_per_s": sequences * s.completion_ids.shape[1] / secs}
 

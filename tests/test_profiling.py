@@ -304,6 +304,25 @@ def test_the_throughput_sentence_leads_with_equal_work_against_trl_at_its_fastes
     # an old file without TRL's fastest setting says the ratio is against fp32, not the fastest
     old = {k: v for k, v in bench.items() if k not in ("trl_best", "ratio_all_groups_vs_best")}
     assert "not its fastest setting" in throughput_sentence(old)
+    # a file that recorded only "auto" names what auto chose on the benchmark's CPU
+    auto = {**bench, "sampling_32": {"tokens_per_s": 396.0, "sampling_dtype": "auto"},
+            "sampling_32_fp32": {"tokens_per_s": 285.0, "sampling_dtype": "float32"}}
+    assert text.endswith("decodes 140 tokens/s with 32 sequences at once, with float32 weights")
+    native = {**auto, "measured": {**bench["measured"], "native_bf16": True}}
+    assert throughput_sentence(auto).endswith("with float32 weights")
+    assert throughput_sentence(native).endswith("with bfloat16 weights (285 with float32 weights)")
+
+
+def test_trl_modes_frame_lists_every_mode_fastest_first_with_its_spread():
+    from grpo_course.measure.profiling import trl_modes_frame
+    modes = {"fp32": {"s_per_step": 31.0, "completions_per_s": 0.26, "step_seconds": [28.0, 34.0, 31.0],
+                      "steps": 3, "weights": "float32", "bf16": False, "peak_rss_mib": 8630.0},
+             "bf16_weights": {"s_per_step": 25.0, "completions_per_s": 0.32, "step_seconds": [21.0, 25.0, 26.0],
+                              "steps": 3, "weights": "bfloat16", "bf16": True, "peak_rss_mib": 6477.0}}
+    frame = trl_modes_frame({"trl_modes": modes})
+    assert list(frame.index) == ["bf16_weights", "fp32"]
+    assert frame.loc["fp32", "fastest step s"] == 28.0 and frame.loc["fp32", "slowest step s"] == 34.0
+    assert trl_modes_frame({}).empty
 
 
 def test_a_bf16_point_is_measured_against_the_bf16_peak():
@@ -314,6 +333,17 @@ def test_a_bf16_point_is_measured_against_the_bf16_peak():
     assert point.peak(Limits(gflops=100.0, bandwidth=20.0)) == 100.0   # bf16 not measured
     # the ridge is the point's own peak over the bandwidth: 400 / 20 for bf16, 100 / 20 for fp32
     assert point.ridge(limits) == 20.0 and decode_point(1000, 64, 2, 1e-6).ridge(limits) == 5.0
+
+
+def test_roofline_frame_gives_each_point_s_work_and_its_share_of_both_roofs():
+    from grpo_course.measure.profiling import Limits, decode_point, roofline_frame
+    limits = Limits(gflops=100.0, bandwidth=20.0, bf16_gflops=400.0)
+    # 1e9 params x 8 tokens x 2 FLOPs in 2 s, 2 steps of 2-byte weights: 16 GFLOP, 4 GB, 4 FLOP/byte
+    frame = roofline_frame(limits, [decode_point(10**9, tokens=8, decode_steps=2, seconds=2.0, dtype="bfloat16")])
+    row = frame.loc["sampling (decode)"]
+    assert (row["GFLOP"], row["GB of weights read"], row["seconds"], row["FLOP/byte"]) == (16.0, 4.0, 2.0, 4.0)
+    assert row["GFLOP/s"] == 8.0 and row["bound GFLOP/s"] == 80.0        # memory-bound: 4 x 20
+    assert row["% of bound"] == 10.0 and row["% of its peak"] == 2.0       # 8 of 80, 8 of bf16's 400
 
 
 def test_band_word_reads_a_ratio_within_the_level_band_as_level():

@@ -366,6 +366,16 @@ def training_point(n_params: int, tokens: int, seconds: float, flops_per_param: 
                          float(n_params * bytes_per_param * weight_reads), seconds, dtype)
 
 
+def roofline_frame(limits: Limits, points: list[RooflinePoint]) -> pd.DataFrame:
+    """The roofline's points as numbers: what each did (FLOPs, bytes, seconds) and what that
+    reaches against the bound at its intensity and against its own precision's peak."""
+    return pd.DataFrame([{"point": p.name, "dtype": p.dtype, "GFLOP": p.flops / 1e9,
+                          "GB of weights read": p.bytes / 1e9, "seconds": p.seconds,
+                          "FLOP/byte": p.intensity, "GFLOP/s": p.gflops,
+                          "bound GFLOP/s": p.bound(limits), "% of bound": 100 * p.gflops / p.bound(limits),
+                          "% of its peak": 100 * p.gflops / p.peak(limits)} for p in points]).set_index("point")
+
+
 def plot_roofline(limits: Limits, points: list[RooflinePoint], ax=None):
     """Log-log roofline: the bandwidth slope, the matmul ceiling, and the points."""
     import matplotlib.pyplot as plt
@@ -577,8 +587,35 @@ def throughput_sentence(bench: dict) -> str:
     else:
         out = (f"{bench['ratio']:.1f}× TRL's completions per second with TRL in fp32, which is "
                f"not its fastest setting ({machine}; rerun make bench for the fair comparison)")
-    sampling = bench.get("sampling_32", {})
+    sampling, fp32 = bench.get("sampling_32", {}), bench.get("sampling_32_fp32", {})
     if "tokens_per_s" in sampling:
-        out += (f". The sampler alone decodes {sampling['tokens_per_s']:.0f} tokens/s with 32 "
-                f"sequences at once, with {sampling.get('sampling_dtype', 'auto')} weights")
+        out += (f". The sampler alone decodes {sampling['tokens_per_s']:.0f} tokens/s with "
+                f"{sampling.get('sequences', 32)} sequences at once, with "
+                f"{sampler_dtype(sampling, native)} weights")
+        if "tokens_per_s" in fp32 and sampler_dtype(sampling, native) != "float32":
+            out += f" ({fp32['tokens_per_s']:.0f} with float32 weights)"
     return out
+
+
+def sampler_dtype(record: dict, native_bf16: bool) -> str:
+    """The weights' dtype a sampler timing ran in: as recorded, or, for a file that recorded only
+    the setting ``"auto"``, what auto resolves to on the benchmark's CPU (bf16 where native)."""
+    dtype = str(record.get("sampling_dtype", "auto")).removeprefix("torch.")
+    if dtype == "auto":
+        return "bfloat16" if native_bf16 else "float32"
+    return dtype
+
+
+def trl_modes_frame(bench: dict) -> pd.DataFrame:
+    """Every TRL precision mode ``bench/throughput.py`` timed, one row each: the median step, the
+    fastest and slowest of its steps, completions per second and peak memory, fastest first."""
+    rows = {name: {"weights": m.get("weights"), "bf16 autocast": m.get("bf16"),
+                   "gradient checkpointing": m.get("gradient_checkpointing"),
+                   "steps timed": m.get("steps"), "s/step (median)": m.get("s_per_step"),
+                   "fastest step s": min(m["step_seconds"]) if m.get("step_seconds") else None,
+                   "slowest step s": max(m["step_seconds"]) if m.get("step_seconds") else None,
+                   "completions/s": m.get("completions_per_s"), "peak RSS MiB": m.get("peak_rss_mib")}
+            for name, m in bench.get("trl_modes", {}).items()}
+    frame = pd.DataFrame.from_dict(rows, orient="index")
+    frame.index.name = "TRL mode"
+    return frame.sort_values("completions/s", ascending=False) if len(frame) else frame
