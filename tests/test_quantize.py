@@ -192,6 +192,19 @@ def test_paired_rows_compare_each_variant_with_fp32_problem_by_problem():
     assert same["reward change"] == 0 and same["format p"] == 1.0 and same["accuracy p"] == 1.0
 
 
+def test_activation_outliers_finds_a_planted_outlier_channel_and_leaves_no_hook():
+    model, tok = helpers.tiny_model(), helpers.tiny_tokenizer()
+    prompts = ["12+30=", "7*6 is 42"]
+    before = Q.activation_outliers(model, tok, prompts)
+    assert set(before) == {"q_proj", "o_proj", "gate_proj", "down_proj", "lm_head"}
+    with torch.no_grad():                  # the last layer: one channel of down_proj's input 100x
+        model.model.layers[-1].mlp.up_proj.weight[3] *= 100
+    after = Q.activation_outliers(model, tok, prompts)
+    assert after["down_proj"] > 10 * before["down_proj"]
+    assert after["q_proj"] == pytest.approx(before["q_proj"])     # upstream of the plant: unchanged
+    assert not any(m._forward_pre_hooks for m in model.modules())
+
+
 def test_peak_change_names_the_side_of_fp32_it_lies_on():
     assert Q.peak_change(880, 1000) == "12 % below fp32's"
     assert Q.peak_change(1120, 1000) == "12 % above fp32's"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -372,6 +373,38 @@ def prompt_logits(model, tokenizer, prompts: Sequence[str], last_k: int = 16) ->
             raise ValueError(f"a prompt of {ids.shape[1]} tokens has fewer than last_k = {last_k} positions")
         rows.append(model(input_ids=ids, logits_to_keep=last_k).logits[0].float())
     return torch.cat(rows)
+
+
+@torch.no_grad()
+def activation_outliers(model, tokenizer, prompts: Sequence[str],
+                        kinds: Sequence[str] = ("q_proj", "o_proj", "gate_proj", "down_proj", "lm_head")
+                        ) -> dict[str, float]:
+    """How far a few input channels of each kind of ``Linear`` stand above the rest: per layer,
+    the largest input channel's absolute maximum over every token of ``prompts`` divided by the
+    median channel's, then the median over the layers of that kind. One scale per activation
+    tensor (``torch.ao``'s) spends its int8 grid on the largest channel, so a large ratio is
+    what flattens the other channels."""
+    absmax: dict[str, torch.Tensor] = {}
+
+    def hook(name):
+        def record(module, args):
+            x = args[0].detach().float().abs().reshape(-1, args[0].shape[-1]).amax(0)
+            absmax[name] = x if name not in absmax else torch.maximum(absmax[name], x)
+        return record
+
+    handles = [m.register_forward_pre_hook(hook(name)) for name, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) and name.rsplit(".", 1)[-1] in kinds]
+    try:
+        for text in prompts:
+            ids = tokenizer(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+            model(input_ids=ids)            # every position's hidden state reaches the head too
+    finally:
+        for h in handles:
+            h.remove()
+    by_kind: dict[str, list[float]] = {}
+    for name, x in absmax.items():
+        by_kind.setdefault(name.rsplit(".", 1)[-1], []).append(float(x.max() / x.median().clamp_min(1e-12)))
+    return {k: statistics.median(by_kind[k]) for k in kinds if k in by_kind}
 
 
 def position_cosines(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
