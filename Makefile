@@ -203,7 +203,9 @@ reference-run: model
 # The curriculum run (recipes/curriculum_run.yaml: R3's mix of starts, the whole problem included)
 # from the reference run's warm start, the same way: $$GRPO_COURSE_CACHE/runs/curriculum, resumable,
 # exported to data/runs/curriculum/. Its tests on whole problems were fixed before it trained:
-# python bench/curriculum_test.py -> data/curriculum_test.json
+# python bench/curriculum_test.py -> data/curriculum_test.json. Its validation curve (train rows
+# 0-511, about an hour): python bench/learning_curve.py --run data/runs/curriculum --val_n 512 \
+#   --samples 4 --whole_n 512 --steps 0,40,100 --out data/curriculum_curve.json
 curriculum-run: model
 	$(BIN)/python bench/shipped_run.py --recipe recipes/curriculum_run.yaml \
 	  --warm_start data/runs/reference/sft

@@ -3,7 +3,7 @@
     python bench/learning_curve.py                      # the reference run (make reference-run)
     python bench/learning_curve.py --run DIR --steps 0,20,40 --val_n 128
     python bench/learning_curve.py --run A --run B --steps 0,20,40,60   # e.g. two learning rates
-    python bench/learning_curve.py --run REF --run MIX --whole_n 512      # e.g. two mixes of starts
+    python bench/learning_curve.py --run REF --run MIX --val_n 512 --whole_n 512   # e.g. two mixes of starts
 
 A run trained with ``snapshot_every`` keeps its adapter every few steps (``DIR/steps/<step>``,
 ``DIR/sft`` at step 0). Each chosen step's adapter samples ``--samples`` answers (temperature 1)
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
               for run, config, result, whole, rate in zip(runs, configs, results, wholes, rates, strict=True)]
     best_curve, best = max(((c, p) for c in curves for p in c["points"]),
                            key=lambda cp: cp[1]["pass_at_1"]["mean"])
-    out = {"bench": "learning_curve", **bench_facts(),
+    out = {"bench": "learning_curve", **bench_facts(), "date": time.strftime("%Y-%m-%d"),
            "validation": {"split": "train", "rows": [0, args.val_n], "n": len(rows),
                           "lines_left": lines_left, "samples": args.samples,
                           "max_new_tokens": budget, "temperature": 1.0},

@@ -200,3 +200,22 @@ def test_a_live_change_of_zero_does_not_agree_with_a_fall():
     bench = {"sampled": {"before": {"right": [1, 1, 0, 0]}, "after": {"right": [0, 0, 0, 0]}}}
     flat = {"before": {"right": [0, 0, 0, 0]}, "after": {"right": [0, 0, 0, 0]}}
     assert wp.live_recheck_sentence(flat, bench, "AMD EPYC").endswith("on this machine the result may differ")
+
+
+def test_validation_sentence_reads_each_step_against_step_0_by_its_own_test():
+    from grpo_course.measure.whole_problems import validation_sentence
+    flat = {"accuracy": 0.02, "ci95": [0.01, 0.04]}
+    points = [{"step": 0, "pass_at_1": {"mean": 0.035}, "whole_greedy": flat},
+              {"step": 40, "pass_at_1": {"mean": 0.083},
+               "vs_step_0": {"pass_at_1": {"difference": 0.048, "lo": 0.032, "hi": 0.064, "p_value": 9e-9}},
+               "whole_greedy": {**flat, "accuracy": 0.018,
+                                "vs_step_0": {"a_only": 12, "b_only": 9, "p_value": 0.66}}}]
+    text = validation_sentence(points, 4)
+    assert text.startswith("Step 0: whole problems 2.0 % [1.0, 4.0], one line left pass@1 3.5 % "
+                           "(4 samples a problem), the warm start. Step 40: ")
+    assert "(12 lost, 9 gained, McNemar p = 0.66: no detectable change)" in text
+    assert "pass@1 8.3 % (+4.8 points [+3.2, +6.4], p = 9e-09: rose)" in text
+    assert text.endswith(". So on whole problems no kept step beat the warm start detectably: "
+                         "validation gives no step to choose there")
+    points[1]["whole_greedy"] = {**flat, "accuracy": 0.06, "vs_step_0": {"a_only": 1, "b_only": 21, "p_value": 1e-5}}
+    assert validation_sentence(points, 4).endswith("So on whole problems step 40 beat the warm start detectably")

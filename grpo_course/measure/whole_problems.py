@@ -353,3 +353,40 @@ def shipped_sentence(reference_fixed: dict[str, Any] | None, curriculum: dict[st
     verdict = (verdict_sentence(curriculum["run"]) if curriculum else
                "the curriculum run's tests, fixed before it trained, have not run yet (python bench/curriculum_test.py)")
     return f"on whole GSM8K test problems, {head}. " + as_sentences([*(said if detail else []), verdict])
+
+
+def validation_sentence(points: list[dict[str, Any]], samples: int) -> str:
+    """A run's learning curve on validation rows (``bench/learning_curve.py``'s points) in words:
+    at each kept step, greedy accuracy on whole problems (McNemar against step 0) and sampled
+    pass@1 at one line left (the paired interval against step 0), then which step, if any,
+    validation can choose for whole problems. Every direction word comes from its test."""
+    parts = []
+    for p in points:
+        whole, p1 = p.get("whole_greedy"), p["pass_at_1"]
+        text = f"step {p['step']}: "
+        if whole:
+            lo, hi = whole["ci95"]
+            text += f"whole problems {100 * whole['accuracy']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
+            if "vs_step_0" in whole:
+                t = whole["vs_step_0"]
+                change = whole["accuracy"] - points[0]["whole_greedy"]["accuracy"]
+                text += (f" ({t['a_only']} lost, {t['b_only']} gained, McNemar p = {t['p_value']:.2g}: "
+                         f"{reading(change, t['p_value'])})")
+            text += ", "
+        text += f"one line left pass@1 {100 * p1['mean']:.1f} %" + ("" if parts else f" ({samples} samples a problem)")
+        if "vs_step_0" in p:
+            d = p["vs_step_0"]["pass_at_1"]
+            text += (f" ({100 * d['difference']:+.1f} points [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}], "
+                     f"p = {d['p_value']:.2g}: {reading(d['difference'], d['p_value'])})")
+        else:
+            text += ", the warm start"
+        parts.append(text)
+    risen = [p["step"] for p in points
+             if "vs_step_0" in p.get("whole_greedy", {})
+             and reading(p["whole_greedy"]["accuracy"] - points[0]["whole_greedy"]["accuracy"],
+                         p["whole_greedy"]["vs_step_0"]["p_value"]) == "rose"]
+    verdict = ("on whole problems no kept step beat the warm start detectably: validation gives "
+               "no step to choose there" if not risen else
+               f"on whole problems step{'s' if len(risen) > 1 else ''} "
+               f"{', '.join(map(str, risen))} beat the warm start detectably")
+    return as_sentences([*parts, "so " + verdict])
