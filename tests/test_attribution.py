@@ -204,7 +204,7 @@ def test_the_lever_benchmark_reads_with_intervals_and_ties():
     assert "G = 8, 90 % of 10" in said and "the dense reward, 90 % of 10" in said
     assert "do not separate them" in said and "tiers, -1 to 3" in said
     far = lever_sentence({"plain": v(0.1, prompts=20.0), "G=8": v(0.9, prompts=20.0)})
-    assert far.endswith("the intervals do not overlap")
+    assert far.endswith(". The intervals do not overlap")
     # a newer record counts its groups: 5 steps of dynamic sampling drew 16 groups, 9 informative
     counted = lever_rows({"dynamic_sampling": {**v(0.55, prompts=3.2), "groups_sampled": 16,
                                                "informative_groups_sampled": 9}})[0]

@@ -336,12 +336,12 @@ def lever_sentence(variants: dict[str, dict[str, Any]]) -> str:
     best = [r for r in rows.values() if r["informative groups %"] == top]       # ties all named
     apart = all(r["lo"] > plain["hi"] or r["hi"] < plain["lo"] for r in best)
     said = (f"{plain['informative groups %']:.0f} % of the plain trainer's {plain['groups sampled']} sampled "
-            f"groups were informative (95 % CI {plain['95 % CI']} %); the most with one lever: "
+            f"groups were informative (95 % CI {plain['95 % CI']} %). The most with one lever: "
             + " and ".join(f"{r['variant']}, {r['informative groups %']:.0f} % of {r['groups sampled']} "
                            f"({r['95 % CI']} %) at {r['s per step']:.0f} s per step" for r in best)
-            + f", against {plain['s per step']:.0f} s plain: "
-            + ("the intervals do not overlap" if apart else
-               "the intervals overlap, so these few groups do not separate them"))
+            + f", against {plain['s per step']:.0f} s plain. "
+            + ("The intervals do not overlap" if apart else
+               "The intervals overlap, so these few groups do not separate them"))
     if profile:
         said += (f". The profile's recipe: mean correctness reward {profile['correctness reward (-1 ... 3)']:.2f} "
                  f"against {plain['correctness reward (-1 ... 3)']:.2f} plain (chapter 2's tiers, -1 to 3: "

@@ -198,13 +198,13 @@ def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dic
     def paired(a: dict[str, Any], b: dict[str, Any]) -> str:       # b's pass@1 minus a's, by problem
         return describe_difference(paired_difference([x / k for x in a["right"]], [y / k for y in b["right"]]))
 
-    at_stop = (f"; it was {100 * stop['pass_at_1']['mean']:.1f} % at step {stop['step']}, where the recipe stops"
+    at_stop = (f" It was {100 * stop['pass_at_1']['mean']:.1f} % at step {stop['step']}, where the recipe stops."
                if stop and stop is not last and stop["step"] else "")
     out = {"curve_sentence": (
         f"on {val['n']} validation problems, sampled pass@1 at the reference recipe's learning rate went from "
         f"{100 * pts[0]['pass_at_1']['mean']:.1f} % at step 0 to {100 * last['pass_at_1']['mean']:.1f} % at "
-        f"step {last['step']}, a paired change of {describe_difference(last['vs_step_0']['pass_at_1'])}{at_stop}; "
-        f"the run trained at {t['seconds_per_step']['median']:.0f} s per step and "
+        f"step {last['step']}, a paired change of {describe_difference(last['vs_step_0']['pass_at_1'])}.{at_stop} "
+        f"The run trained at {t['seconds_per_step']['median']:.0f} s per step and "
         f"{t['mixed_groups_trained_per_minute']:.1f} groups with right and wrong answers per minute")}
     best = curve["best"]
     best_run = next(c for c in curve["curves"] if c["run"] == best["run"])
