@@ -94,9 +94,8 @@ def worker_ours(G: int, completions: int, length: int, steps: int, all_groups: b
 
 def worker_sampling(sequences: int, length: int, dtype: str = "auto") -> dict:
     """Decode speed at ``sequences`` rows (8 prompts x G), temperature 1, no EOS stop bias,
-    with the sampler's weights in ``dtype`` (``auto`` = what the trainer uses)."""
-    import torch
-
+    with the sampler's weights in ``dtype`` (``auto`` = what the trainer uses). Records the
+    setting ``asked`` and the dtype it resolved to (``sampling_dtype``)."""
     from grpo_course.core.data import chat_prompts, load_gsm8k
     from grpo_course.core.loading import load_model
     from grpo_course.core.sampling import sample_completions
@@ -108,7 +107,7 @@ def worker_sampling(sequences: int, length: int, dtype: str = "auto") -> dict:
     start = time.perf_counter()
     s = sample_completions(model, tok, prompts, G, length, seed=1, sampling_dtype=dtype)
     secs = time.perf_counter() - start
-    resolved = "bfloat16" if s.sampling_dtype == torch.bfloat16 else "float32"    # what "auto" chose
+    resolved = str(s.sampling_dtype).removeprefix("torch.")      # what "auto" chose on this CPU
     return {"sequences": sequences, "asked": dtype, "sampling_dtype": resolved,
             "decode_steps": s.completion_ids.shape[1], "seconds": secs,
             "tokens_per_s": float(s.completion_mask.sum()) / secs,

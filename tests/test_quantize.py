@@ -197,8 +197,8 @@ def test_activation_outliers_finds_a_planted_outlier_channel_and_leaves_no_hook(
     prompts = ["12+30=", "7*6 is 42"]
     before = Q.activation_outliers(model, tok, prompts)
     assert set(before) == {"q_proj", "o_proj", "gate_proj", "down_proj", "lm_head"}
-    with torch.no_grad():                  # the last layer: one channel of down_proj's input 100x
-        model.model.layers[-1].mlp.up_proj.weight[3] *= 100
+    with torch.no_grad():                  # the last layer: one channel of down_proj's input 1000x
+        model.model.layers[-1].mlp.up_proj.weight[3] *= 1000
     after = Q.activation_outliers(model, tok, prompts)
     assert after["down_proj"] > 10 * before["down_proj"]
     assert after["q_proj"] == pytest.approx(before["q_proj"])     # upstream of the plant: unchanged

@@ -350,7 +350,7 @@ def test_the_page_says_whether_the_learning_rate_and_steps_were_chosen_on_valida
     said = curve_sentences(two, {**recipe, "max_steps": early})
     assert (f"not that point; on the recipe's run, step {best['step']} against step {early}, paired by "
             f"problem: +0.0 points (95 % CI +0.0 to +0.0, p = 1)") in said["choice_sentence"]
-    assert f"at step {early}, where the recipe stops;" in said["curve_sentence"] or early == first["points"][-1]["step"]
+    assert f"at step {early}, where the recipe stops." in said["curve_sentence"] or early == first["points"][-1]["step"]
     assert len(curve_table(two)) == len(shipped["curves"][0]["points"]) + 3
 
 

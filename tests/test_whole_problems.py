@@ -213,9 +213,12 @@ def test_validation_sentence_reads_each_step_against_step_0_by_its_own_test():
     text = validation_sentence(points, 4)
     assert text.startswith("Step 0: whole problems 2.0 % [1.0, 4.0], one line left pass@1 3.5 % "
                            "(4 samples a problem), the warm start. Step 40: ")
-    assert "(12 lost, 9 gained, McNemar p = 0.66: no detectable change)" in text
+    assert "(9 gained, 12 lost, McNemar p = 0.66: no detectable change)" in text
     assert "pass@1 8.3 % (+4.8 points [+3.2, +6.4], p = 9e-09: rose)" in text
     assert text.endswith(". So on whole problems no kept step beat the warm start detectably: "
                          "validation gives no step to choose there")
     points[1]["whole_greedy"] = {**flat, "accuracy": 0.06, "vs_step_0": {"a_only": 1, "b_only": 21, "p_value": 1e-5}}
     assert validation_sentence(points, 4).endswith("So on whole problems step 40 beat the warm start detectably")
+    sampled_only = [{k: v for k, v in p.items() if k != "whole_greedy"} for p in points]
+    assert validation_sentence(sampled_only, 4).endswith(
+        ". Whole problems were not tested on this curve (its --whole_n was 0)")

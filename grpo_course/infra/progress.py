@@ -7,6 +7,9 @@ at all, so a static page or an executed ``.ipynb`` shows every bar frozen at 0 %
 is replaced by the bar's final line of text (``evaluate: 100%|██████████| 64/64 [01:02<00:00]``)
 through the display it was shown in, which nbclient (the book's executor) applies to the saved
 output as JupyterLab does on screen. Outside a notebook it is ``tqdm.auto.tqdm`` unchanged.
+
+:func:`library_bars_off` turns a library's own bars (transformers', datasets') off around a short
+step of theirs, whose first frame would otherwise stay in an executed page, and back on after.
 """
 from __future__ import annotations
 

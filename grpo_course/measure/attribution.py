@@ -328,7 +328,7 @@ def lever_rows(variants: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def lever_sentence(variants: dict[str, dict[str, Any]]) -> str:
-    """The lever benchmark in one short sentence: the plain trainer's informative share, the lever
+    """The lever benchmark in a few sentences: the plain trainer's informative share, the lever
     with the most, whether their intervals separate them, and the profile's correctness reward."""
     rows = {r["variant"]: r for r in lever_rows(variants)}
     plain, profile = rows.pop(LEVERS["plain"]), rows.pop(LEVERS["profile"], None)

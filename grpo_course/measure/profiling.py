@@ -567,7 +567,7 @@ def throughput_sentence(bench: dict) -> str:
     machine the benchmark ran on; then the trainer as shipped, whose lead also depends on how
     many groups tie on the benchmark's prompts; then the sampler alone."""
     facts = bench.get("measured", {})
-    native = facts.get("native_bf16", bool(facts.get("avx512_bf16") or facts.get("amx_bf16")))
+    native = measured_native_bf16(bench)
     machine = (f"{facts.get('cpu', 'a CPU')} with {facts.get('cpus', '?')} cores, "
                f"{'native' if native else 'no native'} bf16, {facts.get('date', 'undated')}")
     ours, every, best = bench["ours"], bench.get("ours_all_groups", {}), bench.get("trl_best")
@@ -591,18 +591,25 @@ def throughput_sentence(bench: dict) -> str:
     if "tokens_per_s" in sampling:
         out += (f". The sampler alone decodes {sampling['tokens_per_s']:.0f} tokens/s with "
                 f"{sampling.get('sequences', 32)} sequences at once, with "
-                f"{sampler_dtype(sampling, native)} weights")
-        if "tokens_per_s" in fp32 and sampler_dtype(sampling, native) != "float32":
+                f"{recorded_sampler_dtype(sampling, native)} weights")
+        if "tokens_per_s" in fp32 and recorded_sampler_dtype(sampling, native) != "float32":
             out += f" ({fp32['tokens_per_s']:.0f} with float32 weights)"
     return out
 
 
-def sampler_dtype(record: dict, native_bf16: bool) -> str:
+def measured_native_bf16(bench: dict) -> bool:
+    """Whether the CPU a benchmark file was measured on had native bf16: as recorded, or, for an
+    older file, from its AVX512-BF16 and AMX flags."""
+    facts = bench.get("measured", {})
+    return bool(facts.get("native_bf16", facts.get("avx512_bf16") or facts.get("amx_bf16")))
+
+
+def recorded_sampler_dtype(record: dict, native: bool) -> str:
     """The weights' dtype a sampler timing ran in: as recorded, or, for a file that recorded only
-    the setting ``"auto"``, what auto resolves to on the benchmark's CPU (bf16 where native)."""
+    the setting ``"auto"``, what auto resolves to on the benchmark's CPU (bf16 where ``native``)."""
     dtype = str(record.get("sampling_dtype", "auto")).removeprefix("torch.")
     if dtype == "auto":
-        return "bfloat16" if native_bf16 else "float32"
+        return "bfloat16" if native else "float32"
     return dtype
 
 

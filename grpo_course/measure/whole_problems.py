@@ -362,7 +362,7 @@ def validation_sentence(points: list[dict[str, Any]], samples: int) -> str:
     validation can choose for whole problems. Every direction word comes from its test."""
     parts = []
     for p in points:
-        whole, p1 = p.get("whole_greedy"), p["pass_at_1"]
+        whole, p1 = p.get("whole_greedy") or {}, p["pass_at_1"]
         text = f"step {p['step']}: "
         if whole:
             lo, hi = whole["ci95"]
@@ -370,7 +370,7 @@ def validation_sentence(points: list[dict[str, Any]], samples: int) -> str:
             if "vs_step_0" in whole:
                 t = whole["vs_step_0"]
                 change = whole["accuracy"] - points[0]["whole_greedy"]["accuracy"]
-                text += (f" ({t['a_only']} lost, {t['b_only']} gained, McNemar p = {t['p_value']:.2g}: "
+                text += (f" ({t['b_only']} gained, {t['a_only']} lost, McNemar p = {t['p_value']:.2g}: "
                          f"{reading(change, t['p_value'])})")
             text += ", "
         text += f"one line left pass@1 {100 * p1['mean']:.1f} %" + ("" if parts else f" ({samples} samples a problem)")
@@ -381,12 +381,14 @@ def validation_sentence(points: list[dict[str, Any]], samples: int) -> str:
         else:
             text += ", the warm start"
         parts.append(text)
+    if not any(p.get("whole_greedy") for p in points):
+        return as_sentences([*parts, "whole problems were not tested on this curve (its --whole_n was 0)"])
     risen = [p["step"] for p in points
-             if "vs_step_0" in p.get("whole_greedy", {})
+             if "vs_step_0" in (p.get("whole_greedy") or {})
              and reading(p["whole_greedy"]["accuracy"] - points[0]["whole_greedy"]["accuracy"],
                          p["whole_greedy"]["vs_step_0"]["p_value"]) == "rose"]
     verdict = ("on whole problems no kept step beat the warm start detectably: validation gives "
                "no step to choose there" if not risen else
                f"on whole problems step{'s' if len(risen) > 1 else ''} "
-               f"{', '.join(map(str, risen))} beat the warm start detectably")
+               f"{' and '.join(map(str, risen))} beat the warm start detectably")
     return as_sentences([*parts, "so " + verdict])

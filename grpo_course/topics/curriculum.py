@@ -564,8 +564,9 @@ def train_stages(model, tokenizer, config, stages: Sequence[Stage], steps_per_st
     where the uninterrupted one would. With ``out_dir`` the run is saved in the layout of
     every run (:func:`grpo_course.core.runs.write_run`: its config and every stage's GRPO steps, each
     row tagged with its stage and numbered across stages, after the checkpoint's steps where it
-    resumes, so that it plots at the steps of the uninterrupted run). Returns
-    ``(last_trainer, records)``.
+    resumes, so that it plots at the steps of the uninterrupted run). Each stage's trainer counts
+    its own steps, so that numbering holds for a checkpoint of the first stage (chapter 5's); a
+    later stage's checkpoint holds that stage's count alone. Returns ``(last_trainer, records)``.
     """
 
     records, trainer, rows, first_step = [], None, [], 0
