@@ -589,10 +589,10 @@ def throughput_sentence(bench: dict) -> str:
                f"not its fastest setting ({machine}; rerun make bench for the fair comparison)")
     sampling, fp32 = bench.get("sampling_32", {}), bench.get("sampling_32_fp32", {})
     if "tokens_per_s" in sampling:
+        dtype = recorded_sampler_dtype(sampling, native)
         out += (f". The sampler alone decodes {sampling['tokens_per_s']:.0f} tokens/s with "
-                f"{sampling.get('sequences', 32)} sequences at once, with "
-                f"{recorded_sampler_dtype(sampling, native)} weights")
-        if "tokens_per_s" in fp32 and recorded_sampler_dtype(sampling, native) != "float32":
+                f"{sampling.get('sequences', 32)} sequences at once, with {dtype} weights")
+        if "tokens_per_s" in fp32 and dtype != "float32":
             out += f" ({fp32['tokens_per_s']:.0f} with float32 weights)"
     return out
 

@@ -360,7 +360,7 @@ def validation_sentence(points: list[dict[str, Any]], samples: int) -> str:
     at each kept step, greedy accuracy on whole problems (McNemar against step 0) and sampled
     pass@1 at one line left (the paired interval against step 0), then which step, if any,
     validation can choose for whole problems. Every direction word comes from its test."""
-    parts = []
+    parts, risen = [], []             # risen: the steps whose whole-problem test reads "rose"
     for p in points:
         whole, p1 = p.get("whole_greedy") or {}, p["pass_at_1"]
         text = f"step {p['step']}: "
@@ -369,9 +369,10 @@ def validation_sentence(points: list[dict[str, Any]], samples: int) -> str:
             text += f"whole problems {100 * whole['accuracy']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
             if "vs_step_0" in whole:
                 t = whole["vs_step_0"]
-                change = whole["accuracy"] - points[0]["whole_greedy"]["accuracy"]
+                word = reading(whole["accuracy"] - points[0]["whole_greedy"]["accuracy"], t["p_value"])
+                risen += [p["step"]] if word == "rose" else []
                 text += (f" ({t['b_only']} gained, {t['a_only']} lost, McNemar p = {t['p_value']:.2g}: "
-                         f"{reading(change, t['p_value'])})")
+                         f"{word})")
             text += ", "
         text += f"one line left pass@1 {100 * p1['mean']:.1f} %" + ("" if parts else f" ({samples} samples a problem)")
         if "vs_step_0" in p:
@@ -383,10 +384,6 @@ def validation_sentence(points: list[dict[str, Any]], samples: int) -> str:
         parts.append(text)
     if not any(p.get("whole_greedy") for p in points):
         return as_sentences([*parts, "whole problems were not tested on this curve (its --whole_n was 0)"])
-    risen = [p["step"] for p in points
-             if "vs_step_0" in (p.get("whole_greedy") or {})
-             and reading(p["whole_greedy"]["accuracy"] - points[0]["whole_greedy"]["accuracy"],
-                         p["whole_greedy"]["vs_step_0"]["p_value"]) == "rose"]
     verdict = ("on whole problems no kept step beat the warm start detectably: validation gives "
                "no step to choose there" if not risen else
                f"on whole problems step{'s' if len(risen) > 1 else ''} "
