@@ -203,7 +203,7 @@ def test_a_live_change_of_zero_does_not_agree_with_a_fall():
 
 
 def test_validation_sentence_reads_each_step_against_step_0_by_its_own_test():
-    from grpo_course.measure.whole_problems import validation_sentence
+    from grpo_course.measure.whole_problems import validation_sentence, whole_step_change
     flat = {"accuracy": 0.02, "ci95": [0.01, 0.04]}
     points = [{"step": 0, "pass_at_1": {"mean": 0.035}, "whole_greedy": flat},
               {"step": 40, "pass_at_1": {"mean": 0.083},
@@ -214,9 +214,14 @@ def test_validation_sentence_reads_each_step_against_step_0_by_its_own_test():
     assert text.startswith("Step 0: whole problems 2.0 % [1.0, 4.0], one line left pass@1 3.5 % "
                            "(4 samples a problem), the warm start. Step 40: ")
     assert "(9 gained, 12 lost, McNemar p = 0.66: no detectable change)" in text
-    assert "pass@1 8.3 % (+4.8 points [+3.2, +6.4], p = 9e-09: rose)" in text
+    assert "pass@1 8.3 %, +4.8 points (95 % CI +3.2 to +6.4, p = 9e-09): rose" in text
     assert text.endswith(". So on whole problems no kept step beat the warm start detectably: "
                          "validation gives no step to choose there")
+    assert whole_step_change(points, points[0]) is None
+    change = whole_step_change(points, points[1])
+    assert (change["before"], round(change["after"], 9)) == (2.0, 1.8)
+    assert {k: change[k] for k in ("step", "gained", "lost", "p_value", "reading")} == {
+        "step": 40, "gained": 9, "lost": 12, "p_value": 0.66, "reading": "no detectable change"}
     points[1]["whole_greedy"] = {**flat, "accuracy": 0.06, "vs_step_0": {"a_only": 1, "b_only": 21, "p_value": 1e-5}}
     assert validation_sentence(points, 4).endswith("So on whole problems step 40 beat the warm start detectably")
     sampled_only = [{k: v for k, v in p.items() if k != "whole_greedy"} for p in points]

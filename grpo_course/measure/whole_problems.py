@@ -40,7 +40,13 @@ from grpo_course.measure.evaluate import (
     held_out_rows,
 )
 from grpo_course.measure.reference import greedy_answers, greedy_summary, recheck_sentence, sampled_pair
-from grpo_course.measure.stats import as_sentences, interval_words, reading, wilson_interval
+from grpo_course.measure.stats import (
+    as_sentences,
+    describe_difference,
+    interval_words,
+    reading,
+    wilson_interval,
+)
 
 #: the committed runs (the train CLI's layout: the final adapter, and ``sft/``)
 CURRICULUM_RUN = project_root() / "data" / "runs" / "curriculum"
@@ -355,6 +361,19 @@ def shipped_sentence(reference_fixed: dict[str, Any] | None, curriculum: dict[st
     return f"on whole GSM8K test problems, {head}. " + as_sentences([*(said if detail else []), verdict])
 
 
+def whole_step_change(points: list[dict[str, Any]], point: dict[str, Any]) -> dict[str, Any] | None:
+    """One kept step's greedy test on whole problems against step 0 (``points[0]``), as chapter 5's
+    sentence and its result box both read it: accuracy before and after (%), the problems gained
+    and lost, McNemar's p and the reading it decides; None where the step has no such test."""
+    whole = point.get("whole_greedy") or {}
+    if "vs_step_0" not in whole:
+        return None
+    t, first = whole["vs_step_0"], points[0]["whole_greedy"]["accuracy"]
+    return {"step": point["step"], "n": whole.get("n"), "before": 100 * first, "after": 100 * whole["accuracy"],
+            "gained": t["b_only"], "lost": t["a_only"], "p_value": t["p_value"],
+            "reading": reading(whole["accuracy"] - first, t["p_value"])}
+
+
 def validation_sentence(points: list[dict[str, Any]], samples: int) -> str:
     """A run's learning curve on validation rows (``bench/learning_curve.py``'s points) in words:
     at each kept step, greedy accuracy on whole problems (McNemar against step 0) and sampled
@@ -367,18 +386,16 @@ def validation_sentence(points: list[dict[str, Any]], samples: int) -> str:
         if whole:
             lo, hi = whole["ci95"]
             text += f"whole problems {100 * whole['accuracy']:.1f} % [{100 * lo:.1f}, {100 * hi:.1f}]"
-            if "vs_step_0" in whole:
-                t = whole["vs_step_0"]
-                word = reading(whole["accuracy"] - points[0]["whole_greedy"]["accuracy"], t["p_value"])
-                risen += [p["step"]] if word == "rose" else []
-                text += (f" ({t['b_only']} gained, {t['a_only']} lost, McNemar p = {t['p_value']:.2g}: "
-                         f"{word})")
+            change = whole_step_change(points, p)
+            if change:
+                risen += [p["step"]] if change["reading"] == "rose" else []
+                text += (f" ({change['gained']} gained, {change['lost']} lost, McNemar p = "
+                         f"{change['p_value']:.2g}: {change['reading']})")
             text += ", "
         text += f"one line left pass@1 {100 * p1['mean']:.1f} %" + ("" if parts else f" ({samples} samples a problem)")
         if "vs_step_0" in p:
             d = p["vs_step_0"]["pass_at_1"]
-            text += (f" ({100 * d['difference']:+.1f} points [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}], "
-                     f"p = {d['p_value']:.2g}: {reading(d['difference'], d['p_value'])})")
+            text += f", {describe_difference(d)}: {reading(d['difference'], d['p_value'])}"
         else:
             text += ", the warm start"
         parts.append(text)
