@@ -205,6 +205,19 @@ def test_activation_outliers_finds_a_planted_outlier_channel_and_leaves_no_hook(
     assert not any(m._forward_pre_hooks for m in model.modules())
 
 
+def test_outlier_sentences_name_near_ties_together_and_the_kept_layers():
+    ratios, widest = Q.outlier_sentences({"q_proj": 3.0, "down_proj": 20.0, "lm_head": 4.0})
+    assert ratios == "`q_proj` 3.0×; `down_proj` 20.0×; `lm_head` 4.0×"
+    assert widest == "`down_proj`'s input has the largest ratio"            # one of the kept layers
+    _, widest = Q.outlier_sentences({"q_proj": 19.0, "o_proj": 20.0, "down_proj": 5.0})
+    assert widest == ("`o_proj`'s and `q_proj`'s inputs have the largest ratios, within 10 % of each other, "
+                      "none of them one of the two layers kept in fp32 below")
+    assert Q.outlier_sentences({"gate_proj": 9.0, "down_proj": 2.0})[1].endswith(
+        ", not one of the two layers kept in fp32 below")
+    with pytest.raises(ValueError, match="no Linear layers"):
+        Q.outlier_sentences({})
+
+
 def test_peak_change_names_the_side_of_fp32_it_lies_on():
     assert Q.peak_change(880, 1000) == "12 % below fp32's"
     assert Q.peak_change(1120, 1000) == "12 % above fp32's"

@@ -407,6 +407,25 @@ def activation_outliers(model, tokenizer, prompts: Sequence[str],
     return {k: statistics.median(by_kind[k]) for k in kinds if k in by_kind}
 
 
+def outlier_sentences(outliers: dict[str, float], kept: Sequence[str] = ("lm_head", "down_proj"),
+                      near: float = 0.9) -> tuple[str, str]:
+    """:func:`activation_outliers` in words: each kind's ratio, then which kinds have the largest.
+    One measurement on a few prompts, so every kind within ``near`` of the largest is named with it;
+    the second part also says whether those kinds are among ``kept`` (the layers left in fp32)."""
+    if not outliers:
+        raise ValueError("no Linear layers were measured: activation_outliers returned nothing")
+    ratios = "; ".join(f"`{k}` {v:.1f}×" for k, v in outliers.items())
+    largest = max(outliers.values())
+    top = [k for k, v in sorted(outliers.items(), key=lambda kv: -kv[1]) if v >= near * largest]
+    within = f"within {100 * (1 - near):.0f} % of each other"
+    widest = (f"`{top[0]}`'s input has the largest ratio" if len(top) == 1 else
+              ", ".join(f"`{k}`'s" for k in top[:-1]) + f" and `{top[-1]}`'s inputs have the largest ratios, {within}")
+    if not set(top) & set(kept):
+        widest += (", not one of the two layers kept in fp32 below" if len(top) == 1 else
+                   ", none of them one of the two layers kept in fp32 below")
+    return ratios, widest
+
+
 def position_cosines(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """The cosine similarity of two models' logit vectors at each position (``[positions]``)."""
     if reference.shape != other.shape:
