@@ -6,8 +6,9 @@
 Every recipe starts from the shared warm start (:func:`grpo_course.core.warmstart.warm_start` of the
 full profile), trains GRPO until its steps have taken ``--minutes`` of wall time, and is evaluated
 greedily on each of the disjoint held-out GSM8K test slices ``--slices`` (by default rows
-512-1023 and 1024-1318: never the first 512 that chapter 3 reports on, so that choosing a recipe
-here does not peek at the problems the chapter tests it on). On every slice each recipe is
+512-1023 and 1024-1318, whole problems: never the first 512 that chapter 3's evaluation reports on.
+Page 3c's live run tests the first problems of rows 512 and 768 at its start, and those lie in the
+first slice). On every slice each recipe is
 compared with the warm start by :func:`grpo_course.measure.attribution.phase_changes` (accuracy, format
 and reaching a gold intermediate result by McNemar, step F1 and equations per answer by paired
 difference, arithmetic, solved overlap) and held to the bars of
