@@ -204,7 +204,8 @@ def curve_sentences(curve: dict[str, Any] | None, recipe: dict[str, Any]) -> dic
         f"on {val['n']} validation problems, sampled pass@1 at the reference recipe's learning rate went from "
         f"{100 * pts[0]['pass_at_1']['mean']:.1f} % at step 0 to {100 * last['pass_at_1']['mean']:.1f} % at "
         f"step {last['step']}, a paired change of {describe_difference(last['vs_step_0']['pass_at_1'])}.{at_stop} "
-        f"The run trained at {t['seconds_per_step']['median']:.0f} s per step and "
+        f"The curve's run at that learning rate (trained for the curve, not the shipped run) took "
+        f"{t['seconds_per_step']['median']:.0f} s per step and trained "
         f"{t['mixed_groups_trained_per_minute']:.1f} groups with right and wrong answers per minute")}
     best = curve["best"]
     best_run = next(c for c in curve["curves"] if c["run"] == best["run"])
