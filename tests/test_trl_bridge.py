@@ -257,6 +257,9 @@ def test_grpo_config_maps_the_course_fields(tmp_path):
     rows = trl_bridge.mapping_rows(cfg, args)
     assert all(r["trl_value"] is not None for r in rows if r["course"] != "epsilon_high")
     assert {r["course"]: r["trl_value"] for r in rows}["per_step_completions"] == 8
+    split = trl_bridge.grpo_config_from_course(cfg, tmp_path, micro_batch=2)    # 4 passes of 2
+    row = next(r for r in trl_bridge.mapping_rows(cfg, split) if r["course"] == "per_step_completions")
+    assert (row["trl"], row["trl_value"]) == ("per_device_train_batch_size × gradient_accumulation_steps", "2 × 4")
     assert args.shuffle_dataset                          # prompt_order="random"
     sequential = trl_bridge.grpo_config_from_course(GRPOConfig(prompt_order="sequential"), tmp_path)
     assert sequential.shuffle_dataset is False           # TRL takes the prompts in the data set's order

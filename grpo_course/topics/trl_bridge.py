@@ -244,12 +244,16 @@ def trl_config_differences(a, b) -> dict[str, tuple[Any, Any]]:
 
 
 def mapping_rows(cfg: GRPOConfig, trl_cfg=None) -> list[dict[str, Any]]:
-    """One row per translated field: course name and value, TRL name and value."""
+    """One row per translated field: course name and value, TRL name and value. Where TRL splits
+    a step's completions into passes (``gradient_accumulation_steps`` > 1), the step's row names
+    both fields and shows ``batch × passes``, which multiply to the course's value."""
     rows = []
     for course, trl_name in COURSE_TO_TRL.items():
-        rows.append({"course": course, "course_value": getattr(cfg, course),
-                     "trl": trl_name,
-                     "trl_value": getattr(trl_cfg, trl_name) if trl_cfg is not None else None})
+        value = getattr(trl_cfg, trl_name) if trl_cfg is not None else None
+        passes = getattr(trl_cfg, "gradient_accumulation_steps", 1) if trl_cfg is not None else 1
+        if trl_name == "per_device_train_batch_size" and passes > 1:
+            trl_name, value = f"{trl_name} × gradient_accumulation_steps", f"{value} × {passes}"
+        rows.append({"course": course, "course_value": getattr(cfg, course), "trl": trl_name, "trl_value": value})
     return rows
 
 
