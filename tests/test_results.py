@@ -19,7 +19,7 @@ def test_rows_name_their_source_and_the_box_is_filled_by_its_display_id(monkeypa
     assert R.fill_results_box(rows) is None                  # shown at the top only, not again here
     table = updated[0][0]
     assert shown == [R.RESULTS_ID] and updated[0][1] == R.RESULTS_ID
-    assert list(table.columns) == ["value", "n", "95 % interval", "reading", "from"]
+    assert list(table.columns) == ["value", "n", "95 % interval or pairs", "reading", "from"]
     assert table.loc["pass@1 at one line left", "from"] == "this page"
     assert table.loc["sampler vs llama.cpp", "from"] == "shipped: data/sampler.json (AMD EPYC, 2026-12-03)"
     assert R.shipped("data/x.json", None) == "shipped: data/x.json"

@@ -200,6 +200,9 @@ def test_a_live_change_of_zero_does_not_agree_with_a_fall():
     bench = {"sampled": {"before": {"right": [1, 1, 0, 0]}, "after": {"right": [0, 0, 0, 0]}}}
     flat = {"before": {"right": [0, 0, 0, 0]}, "after": {"right": [0, 0, 0, 0]}}
     assert wp.live_recheck_sentence(flat, bench, "AMD EPYC").endswith("on this machine the result may differ")
+    one = {"sampled": {"before": {"right": [0, 0, 0, 0]}, "after": {"right": [1, 0, 0, 0]}}}   # +1 sample of 16
+    assert wp.live_recheck_sentence(flat, one, "AMD EPYC").endswith(
+        "the two changes differ by 1 right sample of 16, too few to confirm or contradict it")
 
 
 def test_validation_sentence_reads_each_step_against_step_0_by_its_own_test():

@@ -19,7 +19,7 @@ import pandas as pd
 from grpo_course.infra.paths import project_root
 
 RESULTS_ID = "chapter-results"
-COLUMNS = ("measure", "value", "n", "95 % interval", "reading", "from")
+COLUMNS = ("measure", "value", "n", "95 % interval or pairs", "reading", "from")   # pairs: McNemar's gained, lost
 THIS_PAGE = "this page"
 
 

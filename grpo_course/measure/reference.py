@@ -319,14 +319,19 @@ def recheck_sentence(pairs: list[tuple[dict[str, Any], dict[str, Any]]], problem
     agree = all(sign(a) == sign(b) for a, b in zip(mine, theirs, strict=True))
     points = lambda xs: ", ".join(f"{100 * x:+.1f}" for x in xs)
     counted = "model-slice counts" if len(pairs) > 1 else "models' counts"
+    # how far apart the two changes are, in right samples of a slice: one sample is within any re-draw
+    apart = round(max(abs(a - b) for a, b in zip(mine, theirs, strict=True)) * samples * problems)
     # short sentences: the first stays lower-case, as pages and results boxes put it after "Live:"
     return (f"the page sampled the first {problems} problems of {what} again. "
             f"{sum(not s for s in same)} of {len(same)} {counted} differ from the benchmark's: this "
             f"machine samples differently (bf16 against fp32, another CPU, or the run changed since the "
-            f"benchmark). On those problems the live change of pass@1 was {points(mine)} points against "
-            f"the benchmark's {points(theirs)}" + (", slice by slice" if len(pairs) > 1 else "")
+            f"benchmark). On those {problems} problems ({samples} samples each) the live change of pass@1 "
+            f"was {points(mine)} points against the benchmark's {points(theirs)}"
+            + (", slice by slice" if len(pairs) > 1 else "")
             + f". The verdict below is the benchmark's, from its {machine}: "
             + ("the live change moved the same way as the benchmark's" if agree else
+               f"the two changes differ by {apart} right sample{'s' if apart != 1 else ''} of "
+               f"{samples * problems}, too few to confirm or contradict it" if apart <= 1 else
                "the live change did not move the same way as the benchmark's, so on this machine the "
                "result may differ"))
 
