@@ -356,6 +356,9 @@ def test_band_word_reads_a_ratio_within_the_level_band_as_level():
     # a single timing's wider band: the same ratio that reads "ahead" above reads level here
     assert prof.band_word(1 + 2 * prof.LEVEL_BAND, *words, band=prof.SINGLE_TIMING_BAND) == "level"
     assert prof.band_word(1 + 2 * prof.SINGLE_TIMING_BAND, *words, band=prof.SINGLE_TIMING_BAND) == "ahead"
+    # symmetric: 0.79 is 1.27 the other way round, past a 25 % band either way (chapter 7's phases)
+    assert prof.band_word(0.79, *words, band=0.25) == "behind"
+    assert prof.band_word(1 / 0.79, *words, band=0.25) == "ahead"
     assert prof._against(1.95, "TRL") == "ahead of TRL (1.95×)"
 
 

@@ -480,6 +480,8 @@ def sampler_table(record: dict) -> pd.DataFrame:
         for engine, label in SAMPLER_ENGINES.items():
             if engine in engines:
                 e = engines[engine]
+                if engine == "before" and record.get("before"):     # the commit it was timed at
+                    label = f"course sampler at commit {record['before']}"
                 rows.append({"shape": shape, "engine": label, "setting": e["setting"],
                              "tokens/s": round(e["tokens_per_s"]),
                              "GFLOP/s": round(e["gflops"], 1),
@@ -499,8 +501,11 @@ SINGLE_TIMING_BAND = 0.25
 
 def band_word(ratio: float, level: str, above: str, below: str, band: float = LEVEL_BAND) -> str:
     """The words for a ratio of two timings: ``level`` within ``band`` of 1 (default
-    :data:`LEVEL_BAND`), else ``above`` (ratio > 1) or ``below``."""
-    return level if abs(ratio - 1) < band else above if ratio > 1 else below
+    :data:`LEVEL_BAND`), else ``above`` (ratio > 1) or ``below``. The band is the same both ways
+    (``r`` and ``1 / r`` read alike), so the words do not depend on which timing is on top."""
+    if ratio != ratio or ratio <= 0:
+        return level if ratio == 1 else above if ratio > 1 else below     # NaN reads "below", as before
+    return level if max(ratio, 1 / ratio) < 1 + band else above if ratio > 1 else below
 
 
 def _against(ratio: float, peer: str) -> str:
