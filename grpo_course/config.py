@@ -577,6 +577,13 @@ class Profile:
     # memory: trade a little speed for memory (grpo_course.infra.memory.use_low_memory: freed tensors go
     # back to the system at once, heaps trimmed after each step, one sampler weight copy; binder)
     low_memory: bool = False
+    # which sizes a full or binder profile took on this machine: "large" or "compact" (cpu_kind)
+    sizes: str = ""
+
+    @property
+    def label(self) -> str:
+        """The name, with the sizes it took here: ``full (compact sizes)``; ``smoke`` alone."""
+        return f"{self.name} ({self.sizes} sizes)" if self.sizes else self.name
 
     @property
     def main_run(self) -> GRPOConfig:
@@ -769,7 +776,8 @@ def _compact_profile(full: Profile) -> Profile:
 
 
 #: The full profile of each kind of CPU (:func:`cpu_kind`): ``PROFILES["full"]`` is this machine's.
-FULL_BY_CPU: dict[str, Profile] = {"large": PROFILES["full"], "compact": _compact_profile(PROFILES["full"])}
+FULL_BY_CPU: dict[str, Profile] = {"large": replace(PROFILES["full"], sizes="large"),
+                                   "compact": replace(_compact_profile(PROFILES["full"]), sizes="compact")}
 PROFILES["full"] = FULL_BY_CPU[cpu_kind(strict=False)]
 PROFILES["binder"] = _binder_profile(PROFILES["full"])
 

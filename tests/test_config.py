@@ -37,6 +37,14 @@ def test_smoke_is_smaller_than_full():
     assert FULL_BY_CPU["compact"].eval.n >= 64    # ... and where decoding is slower, still dozens
 
 
+def test_a_profile_label_says_which_sizes_it_took():
+    from grpo_course.config import FULL_BY_CPU
+    assert FULL_BY_CPU["compact"].label == "full (compact sizes)"
+    assert FULL_BY_CPU["large"].label == "full (large sizes)"
+    assert PROFILES["binder"].label == f"binder ({PROFILES['full'].sizes} sizes)"   # binder follows full
+    assert PROFILES["smoke"].label == "smoke"
+
+
 @pytest.mark.parametrize("g, b, message", [
     (4, 6, "not divisible by num_generations=4"),
     (1, 8, "must be >= 2"),
