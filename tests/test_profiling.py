@@ -6,6 +6,7 @@ optimizer step, on a tiny random Llama with the bundled tokenizer.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from contextlib import nullcontext
@@ -138,6 +139,12 @@ def test_timer_records_phase_when_body_raises():
 
 
 # ---------------------------------------------------------------- RSS sampler
+def test_without_kineto_notices_passes_on_every_other_line(capfd):
+    with prof.without_kineto_notices():
+        os.write(2, b"USDT:2026-12-06 profiler_start\na real warning\nSTAGE:2026 Completed Stage\n")
+    assert capfd.readouterr().err == "a real warning\n"
+
+
 def test_rss_sampler_starts_and_stops_cleanly():
     before = threading.active_count()
     timer = prof.PhaseTimer()
@@ -153,6 +160,7 @@ def test_rss_sampler_starts_and_stops_cleanly():
     table = sampler.peak_by_phase()
     assert "alloc" in table.index and table.loc["alloc", "samples"] >= 2
     assert table.loc["alloc", "peak_mib"] * 2**20 >= sampler.start_rss
+    assert prof.BETWEEN_PHASES in table.index       # the samples after the phase, named in words
     frame = sampler.to_frame()
     assert frame["t"].is_monotonic_increasing and len(frame) >= 5
     sampler.stop()                                 # a second stop is harmless
@@ -176,12 +184,13 @@ def test_cpu_utilization_is_a_fraction_of_the_cores():
 
 
 # ---------------------------------------------------------------- torch.profiler
-def test_top_ops_on_tiny_llama(bundled_tokenizer, tmp_path):
+def test_top_ops_on_tiny_llama(bundled_tokenizer, tmp_path, capfd):
     model = tiny_llama(bundled_tokenizer).eval()
     ids = torch.randint(0, 100, (2, 12))
     trace = tmp_path / "trace.json"
     with torch.no_grad():
         table = prof.top_ops(lambda: model(input_ids=ids), row_limit=5, trace_path=trace)
+    assert not any(line.startswith(prof.KINETO_NOTICES) for line in capfd.readouterr().err.splitlines())
     assert 0 < len(table) <= 5
     assert list(table.columns) == ["op", "self_ms", "total_ms", "calls", "self_share"]
     assert table["self_ms"].is_monotonic_decreasing and (table["calls"] > 0).all()
@@ -360,6 +369,9 @@ def test_band_word_reads_a_ratio_within_the_level_band_as_level():
     assert prof.band_word(0.79, *words, band=0.25) == "behind"
     assert prof.band_word(1 / 0.79, *words, band=0.25) == "ahead"
     assert prof._against(1.95, "TRL") == "ahead of TRL (1.95×)"
+    # a peer that was not run (NaN) or a broken timing is never read as level or ahead
+    assert prof.band_word(float("nan"), *words) == "behind"
+    assert prof.band_word(0.0, *words) == "behind"
 
 
 def test_against_repeats_reads_a_difference_only_beyond_the_repeats_spread():

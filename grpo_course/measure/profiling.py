@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -132,6 +133,10 @@ class PhaseTimer:
 
 
 # ---------------------------------------------------------------- memory (and CPU %) timeline
+#: the phase label of the RSS samples taken outside every labelled phase (set-up, between steps)
+BETWEEN_PHASES = "between phases"
+
+
 class RSSSampler:
     """Sample the process's resident memory every ``interval`` s in a background thread.
 
@@ -199,8 +204,9 @@ class RSSSampler:
         return frame
 
     def peak_by_phase(self) -> pd.DataFrame:
-        """Peak and mean RSS (MiB) and mean CPU % per phase label ('-' = outside any)."""
-        frame = self.to_frame().fillna({"phase": "-"})
+        """Peak and mean RSS (MiB) and mean CPU % per phase label (:data:`BETWEEN_PHASES` for the
+        samples outside any)."""
+        frame = self.to_frame().fillna({"phase": BETWEEN_PHASES})
         frame = frame.iloc[1:]  # the first CPU % reading covers no interval
         return frame.groupby("phase", sort=False).agg(
             peak_mib=("rss_mib", "max"), mean_mib=("rss_mib", "mean"),
@@ -213,7 +219,7 @@ def plot_memory_timeline(sampler: RSSSampler, ax=None):
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 3))
-    frame = sampler.to_frame().fillna({"phase": "-"})
+    frame = sampler.to_frame().fillna({"phase": BETWEEN_PHASES})
     ax.plot(frame["t"], frame["rss_mib"], color="lightgrey", lw=1, zorder=1)
     for i, (name, part) in enumerate(frame.groupby("phase", sort=False)):
         ax.scatter(part["t"], part["rss_mib"], s=6, label=name, color=f"C{i}", zorder=2)
@@ -238,6 +244,32 @@ def cpu_utilization(fn: Callable[[], Any], cores: int | None = None) -> dict[str
 
 
 # ---------------------------------------------------------------- torch.profiler
+#: what Kineto (the profiler's C++ side) writes to the process's stderr as it starts and stops
+KINETO_NOTICES = ("USDT:", "STAGE:")
+
+
+@contextmanager
+def without_kineto_notices() -> Iterator[None]:
+    """Hold the process's stderr (file descriptor 2, below Python's ``sys.stderr``) in a file while
+    the block runs, then pass on every line but Kineto's start and stop notices
+    (:data:`KINETO_NOTICES`): no environment variable silences them, and a notebook shows them as
+    red error output although nothing went wrong. Wrap the profiler's start and stop only, so the
+    work between them writes as usual."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().decode(errors="replace").splitlines(keepends=True):
+                if not line.startswith(KINETO_NOTICES):
+                    sys.stderr.write(line)
+
+
 def top_ops(fn: Callable[[], Any], row_limit: int = 15,
             trace_path: str | os.PathLike | None = None) -> pd.DataFrame:
     """Run ``fn()`` under ``torch.profiler`` (CPU); operators by self CPU time.
@@ -247,8 +279,14 @@ def top_ops(fn: Callable[[], Any], row_limit: int = 15,
     ``chrome://tracing`` or https://ui.perfetto.dev).
     """
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with without_kineto_notices():
+        prof.start()
+    try:
         fn()
+    finally:
+        with without_kineto_notices():
+            prof.stop()
     if trace_path is not None:
         prof.export_chrome_trace(str(trace_path))
     rows = [{"op": e.key, "self_ms": e.self_cpu_time_total / 1e3,
@@ -389,7 +427,7 @@ def plot_roofline(limits: Limits, points: list[RooflinePoint], ax=None):
     if limits.bf16_gflops:
         ax.loglog(x, np.minimum(limits.bf16_gflops, x * limits.bandwidth), "k--", lw=1.5,
                   label="roofline (bf16)")
-    ax.axvline(limits.ridge, color="grey", ls=":", lw=1)
+    ax.axvline(limits.ridge, color="grey", ls=":", lw=1, label=f"ridge point (fp32): {limits.ridge:.1f} FLOP/byte")
     for i, p in enumerate(points):
         ax.plot(p.intensity, p.gflops, "o", ms=9, color=f"C{i}",
                 label=f"{p.name}: {p.gflops:.1f} GFLOP/s ({p.gflops / p.bound(limits):.0%} of roof)")
@@ -503,8 +541,8 @@ def band_word(ratio: float, level: str, above: str, below: str, band: float = LE
     """The words for a ratio of two timings: ``level`` within ``band`` of 1 (default
     :data:`LEVEL_BAND`), else ``above`` (ratio > 1) or ``below``. The band is the same both ways
     (``r`` and ``1 / r`` read alike), so the words do not depend on which timing is on top."""
-    if ratio != ratio or ratio <= 0:
-        return level if ratio == 1 else above if ratio > 1 else below     # NaN reads "below", as before
+    if not ratio > 0:                     # NaN (not run) and a non-positive ratio read "below"
+        return below
     return level if max(ratio, 1 / ratio) < 1 + band else above if ratio > 1 else below
 
 
