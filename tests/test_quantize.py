@@ -214,6 +214,11 @@ def test_outlier_sentences_name_near_ties_together_and_the_kept_layers():
                       "none of them one of the two layers kept in fp32 below")
     assert Q.outlier_sentences({"gate_proj": 9.0, "down_proj": 2.0})[1].endswith(
         ", not one of the two layers kept in fp32 below")
+    # the words follow ``kept``: one layer, or three
+    assert Q.outlier_sentences({"gate_proj": 9.0}, kept=("lm_head",))[1].endswith(
+        ", not the layer kept in fp32 below")
+    assert Q.outlier_sentences({"gate_proj": 9.0}, kept=("lm_head", "down_proj", "up_proj"))[1].endswith(
+        ", not one of the three layers kept in fp32 below")
     with pytest.raises(ValueError, match="no Linear layers"):
         Q.outlier_sentences({})
 

@@ -421,8 +421,10 @@ def outlier_sentences(outliers: dict[str, float], kept: Sequence[str] = ("lm_hea
     widest = (f"`{top[0]}`'s input has the largest ratio" if len(top) == 1 else
               ", ".join(f"`{k}`'s" for k in top[:-1]) + f" and `{top[-1]}`'s inputs have the largest ratios, {within}")
     if not set(top) & set(kept):
-        widest += (", not one of the two layers kept in fp32 below" if len(top) == 1 else
-                   ", none of them one of the two layers kept in fp32 below")
+        count = {2: "two", 3: "three", 4: "four"}.get(len(kept), str(len(kept)))
+        layers = f"one of the {count} layers" if len(kept) > 1 else "the layer"
+        widest += (f", not {layers} kept in fp32 below" if len(top) == 1 else
+                   f", none of them {layers} kept in fp32 below")
     return ratios, widest
 
 
