@@ -13,11 +13,14 @@ from grpo_course.topics.curriculum import (
     CurriculumError,
     accuracy_change,
     accuracy_change_text,
+    accuracy_reading,
     completion_log_likelihood,
     curriculum_stages,
     ewc_penalty,
     fisher_agreement,
     fisher_diagonal,
+    likelihood_reading,
+    moved,
     order_by_pass_rate,
     reference_batches,
     reverse_stages,
@@ -25,6 +28,7 @@ from grpo_course.topics.curriculum import (
     start_key,
     start_name,
     take,
+    unchanged,
 )
 from tests import helpers
 
@@ -119,6 +123,25 @@ def test_accuracy_change_text_tests_only_where_a_problem_changed():
     for levels, lead in ((True, "33.3 → 33.3 %"), (False, "+0.0 points")):
         assert accuracy_change_text(same, levels) == \
             f"{lead} (no problem of the 3 changed, so this test cannot show a change)"
+
+
+def test_readings_take_their_verb_from_p_and_say_when_nothing_changed():
+    assert moved(+2.0, 0.01) == "rose" and moved(-2.0, 0.01) == "fell"
+    assert moved(+2.0, 0.3) == "showed no detectable change"
+    assert moved(+2.0, 0.01, between=True) == "was higher" and moved(-2.0, 0.01, between=True) == "was lower"
+    assert moved(+2.0, 0.3, between=True) == "showed no detectable difference"
+    d = accuracy_change(_result([True, True, False, False, False, False]),
+                        _result([True, False, True, True, False, False]))
+    assert not unchanged(d)
+    assert accuracy_reading(d) == "showed no detectable change (+16.7 points, McNemar p = 1)"
+    same = accuracy_change(_result([True, False, False]), _result([True, False, False]))
+    assert unchanged(same)      # nothing to test: the words say so, no collapsed interval
+    assert accuracy_reading(same) == "did not change (no problem of the 3 changed sides)"
+    assert accuracy_reading(same, between=True) == \
+        "showed no difference (the two runs solved the same of the 3 problems)"
+    g = {"change": -0.031, "p_value": 0.004}
+    assert likelihood_reading(g) == "fell (-0.031 nats/token, p = 0.004)"
+    assert likelihood_reading(g, between=True) == "was lower (-0.031 nats/token, p = 0.004)"
 
 
 def test_order_by_pass_rate_easiest_first_ties_keep_step_order():

@@ -66,3 +66,4 @@ def test_a_metrics_figure_says_what_its_bands_are():
     fig = plot_metrics(None, keys=("reward",), window=4, runs={"run": rows})
     assert any("mean of the last 4 steps" in t.get_text() and "standard deviation" in t.get_text()
                for t in fig.texts)
+    assert fig.axes[0].get_ylabel() == "weighted reward, mean"     # every panel says what it counts

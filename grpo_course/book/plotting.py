@@ -17,6 +17,11 @@ from grpo_course.core.runs import read_metrics, read_run_config
 
 DEFAULT_KEYS = ("reward", "rewards/correctness", "rewards/exact_format", "completion_length",
                 "kl", "entropy", "loss", "frac_reward_zero_std", "step_seconds")
+#: each logged metric's y label: what its number counts (a key not here gets "value")
+METRIC_UNITS = {"reward": "weighted reward, mean", "rewards/correctness": "reward, mean (tiers -1 to 3)",
+                "rewards/exact_format": "reward, mean", "completion_length": "tokens, mean",
+                "kl": "nats/token", "entropy": "nats/token", "loss": "loss",
+                "frac_reward_zero_std": "share of groups tied", "step_seconds": "seconds per step"}
 
 
 def print_run_config(source) -> dict[str, Any] | None:
@@ -99,6 +104,7 @@ def plot_metrics(source, keys: Sequence[str] = DEFAULT_KEYS, window: int = 5, ru
             plot_band(ax, xs, ys, window, label=label)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("GRPO step")
+        ax.set_ylabel(METRIC_UNITS.get(key, "value"), fontsize=8)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
     if len(data) > 1:

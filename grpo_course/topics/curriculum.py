@@ -38,7 +38,7 @@ from grpo_course.infra import hardware
 from grpo_course.infra.atomic import atomic_write
 from grpo_course.infra.errors import CourseError
 from grpo_course.infra.progress import tqdm
-from grpo_course.measure.stats import mcnemar_test, paired_difference
+from grpo_course.measure.stats import mcnemar_test, paired_difference, reading
 
 EWC_FILE = "ewc.safetensors"
 
@@ -152,12 +152,43 @@ def accuracy_change(before, after) -> dict[str, Any]:
             "lost": test["a_only"], "gained": test["b_only"], "p_value": test["p_value"]}
 
 
+def unchanged(d: Mapping[str, Any]) -> bool:
+    """Whether no problem changed sides in :func:`accuracy_change`'s result ``d``. There is then
+    nothing to test: a t interval over all-zero differences collapses to [0, 0] and would look
+    certain, so tables, plots and sentences say "no problem changed" instead of showing it."""
+    return d["lost"] == d["gained"] == 0
+
+
+def moved(change: float, p: float, between: bool = False) -> str:
+    """The verb for a paired change, from its p (:func:`~grpo_course.measure.stats.reading`):
+    "rose", "fell" or "showed no detectable change"; for a difference between two runs
+    (``between``): "was higher", "was lower" or "showed no detectable difference"."""
+    word = reading(change, p)
+    if between:
+        return {"rose": "was higher", "fell": "was lower"}.get(word, "showed no detectable difference")
+    return word if word in ("rose", "fell") else f"showed {word}"
+
+
+def accuracy_reading(d: Mapping[str, Any], between: bool = False) -> str:
+    """What one paired accuracy test (:func:`accuracy_change`) says: the verb from McNemar's exact p
+    with its numbers, or, where no problem changed, that there was nothing to test."""
+    if unchanged(d):
+        return (f"showed no difference (the two runs solved the same of the {d['n']} problems)" if between
+                else f"did not change (no problem of the {d['n']} changed sides)")
+    return f"{moved(d['change'], d['p_value'], between)} ({d['change']:+.1f} points, McNemar p = {d['p_value']:.2g})"
+
+
+def likelihood_reading(g: Mapping[str, Any], between: bool = False) -> str:
+    """What one paired log-likelihood test (:func:`likelihood_change`) says, from its paired t p."""
+    return f"{moved(g['change'], g['p_value'], between)} ({g['change']:+.3f} nats/token, p = {g['p_value']:.2g})"
+
+
 def accuracy_change_text(d: Mapping[str, Any], levels: bool = True) -> str:
     """:func:`accuracy_change`'s result in words, led by both accuracies (``levels``) or by the
-    change alone. Where no problem changed there is nothing to test: a t interval over all-zero
-    differences would collapse to [0, 0] and look certain, so the sentence says so instead."""
+    change alone; where no problem changed (:func:`unchanged`) the sentence says so instead of
+    giving an interval."""
     lead = f"{d['before']:.1f} → {d['after']:.1f} %" if levels else f"{d['change']:+.1f} points"
-    if d["lost"] == d["gained"] == 0:
+    if unchanged(d):
         return f"{lead} (no problem of the {d['n']} changed, so this test cannot show a change)"
     change = f"{d['change']:+.1f} points, " if levels else ""
     return (f"{lead} ({change}95 % CI [{d['lo']:+.1f}, {d['hi']:+.1f}], {d['lost']} lost, "
