@@ -13,12 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from grpo_course.core.rewards import EXACT_REWARD, MISSING_REWARD
 from grpo_course.core.runs import read_metrics, read_run_config
 
 DEFAULT_KEYS = ("reward", "rewards/correctness", "rewards/exact_format", "completion_length",
                 "kl", "entropy", "loss", "frac_reward_zero_std", "step_seconds")
 #: each logged metric's y label: what its number counts (a key not here gets "value")
-METRIC_UNITS = {"reward": "weighted reward, mean", "rewards/correctness": "reward, mean (tiers -1 to 3)",
+METRIC_UNITS = {"reward": "weighted reward, mean", "rewards/correctness": f"reward, mean (tiers {MISSING_REWARD:g} to {EXACT_REWARD:g})",
                 "rewards/exact_format": "reward, mean", "completion_length": "tokens, mean",
                 "kl": "nats/token", "entropy": "nats/token", "loss": "loss",
                 "frac_reward_zero_std": "share of groups tied", "step_seconds": "seconds per step"}
