@@ -57,7 +57,8 @@ SEED = 20250   # the validation samples' seed: the same for every step, so the s
 #: the only config fields in which runs compared on one curve may differ (they share the rest and
 #: the warm start): the learning rate, the steps, and how often a run logs and keeps its state
 MAY_DIFFER = ("learning_rate", "max_steps", "log_every", "save_every", "snapshot_every",
-              "report_to", "profile", "lines_left", "start_mix", "max_completion_length")
+              "report_to", "profile", "lines_left", "start_mix", "max_completion_length",
+              "pool_prompts")    # a mix of starts is chosen with the pool it is screened from
 
 
 def final_step(run: Path) -> int | None:
@@ -193,16 +194,16 @@ def main(argv: list[str] | None = None) -> int:
             if differ:
                 raise ConfigError(f"--run {run}: its recipe differs from {runs[0]}'s in "
                                   f"{', '.join(differ)}; compare runs that differ in the "
-                                  f"learning rate, the start and the steps alone")
+                                  f"learning rate, the start, the pool and the steps alone")
             if not same_warm_start(snapshot(run, 0), snapshot(runs[0], 0)):
                 raise ConfigError(f"--run {run}: its warm start (sft/) is not {runs[0]}'s; "
                                   f"compare runs from the same warm start")
-        arms = [(c.get("learning_rate"), c.get("lines_left"), tuple(c.get("start_mix") or ()))
-                for c in configs]
+        arms = [(c.get("learning_rate"), c.get("lines_left"), tuple(c.get("start_mix") or ()),
+                 c.get("pool_prompts")) for c in configs]
         for i, (run, arm) in enumerate(zip(runs, arms, strict=True)):
             if arms.index(arm) < i:
                 raise ConfigError(f"--run {run}: it trains at {runs[arms.index(arm)]}'s learning "
-                                  f"rate and start ({arm[0]}); give one run a learning rate and start")
+                                  f"rate, start and pool ({arm[0]}); give one run each")
         folders = [kept_steps(run, steps) for run in runs]
         # sampled at the runs' one start; at one line left where the first run mixes starts
         lines_left = configs[0].get("lines_left") or (1 if configs[0].get("start_mix") else None)

@@ -163,7 +163,7 @@ def test_the_learning_curve_compares_runs_on_the_same_rows_and_names_the_best(tm
 
     def sampled(model, rows, samples, budget, temperature, seed, batch_prompts, sampling_dtype,
                 progress=True):
-        return SampledResult(samples, [{"idx": r["idx"], "right": right[model] if r["idx"] else 0,
+        return SampledResult(samples, [{"idx": r["idx"], "right": right.get(model, 1) if r["idx"] else 0,
                                         "formatted": samples} for r in rows], 1.0, model)
 
     _patch_sampling(monkeypatch, sampled)                           # the cache the benches share
@@ -193,6 +193,12 @@ def test_the_learning_curve_compares_runs_on_the_same_rows_and_names_the_best(tm
         err = capsys.readouterr().err
         assert f"--run {tmp_path / other}: " in err and says.replace("a's", f"{a}'s") in err
         assert err.count("\n") == 1
+    # a mix of starts comes with its pool: a run that differs in both is compared
+    _curve_run(tmp_path / "g", 3e-4, sft=a / "sft", lines_left=None, start_mix=("whole", "1"),
+               pool_prompts=1024)
+    assert bench.main(["--run", str(a), "--run", str(tmp_path / "g"), "--val_n", "4", "--steps", "20",
+                       "--samples", "4", "--out", str(out_file)]) == 0
+    assert json.loads(out_file.read_text())["curves"][1]["recipe"]["pool_prompts"] == 1024
     # each run is tested on the steps it kept: one without step 40 still gives its 0 and 20, and says so
     _adapter(a / "steps" / "40")
     assert bench.main(["--run", str(a), "--run", str(b), "--steps", "20,40", "--val_n", "4",
