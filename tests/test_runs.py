@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+import warnings
 
 import pytest
 
@@ -26,6 +27,10 @@ def test_write_run_writes_the_common_layout_and_list_runs_tables_it(tmp_path):
     assert set(table.index) == {"ch4/trl", "ch5"}
     assert table.loc["ch4/trl", "trainer"] == "trl" and table.loc["ch4/trl", "grpo steps"] == 3
     assert table.loc["ch4/trl", "last reward"] == 0.9 and table.loc["ch5", "trainer"] == "curriculum"
+    runs.write_run(tmp_path / "long", GRPOConfig(), [{**rows[0], "reward": 0.123456}], "smoke")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # rounding the whole table warns on its dates
+        assert runs.list_runs(tmp_path).loc["long", "last reward"] == 0.123
     with pytest.raises(ConfigError, match="trainer 'keras'"):
         runs.write_run(tmp_path / "x", GRPOConfig(), rows, trainer="keras")
 

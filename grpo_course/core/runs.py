@@ -106,7 +106,8 @@ def write_run(folder: str | os.PathLike, config: GRPOConfig, rows: Iterable[dict
 
 def list_runs(root: str | os.PathLike):
     """A table of the run folders under ``root`` (any depth), newest first: what trained each, on
-    which profile, how many GRPO steps, and the last step's reward, correctness and length."""
+    which profile, how many GRPO steps, and the last step's reward, correctness and length (to 3
+    decimals: the table is for reading, the logs keep every digit)."""
 
     root = Path(root)
     table = []
@@ -125,6 +126,8 @@ def list_runs(root: str | os.PathLike):
     columns = ["run", "trainer", "profile", "grpo steps", "last reward", "last correctness",
                "last completion length", "modified"]
     frame = pd.DataFrame(table, columns=columns)
+    last = ["last reward", "last correctness", "last completion length"]
+    frame[last] = frame[last].astype(float).round(3)     # only these: rounding the dates warns
     return frame.sort_values("modified", ascending=False).set_index("run")
 
 
