@@ -230,3 +230,35 @@ def test_validation_sentence_reads_each_step_against_step_0_by_its_own_test():
     sampled_only = [{k: v for k, v in p.items() if k != "whole_greedy"} for p in points]
     assert validation_sentence(sampled_only, 4).endswith(
         ". Whole problems were not tested on this curve (its --whole_n was 0)")
+
+
+def test_the_candidate_rule_takes_the_best_step_among_those_that_rose_and_else_none():
+    from grpo_course.measure.whole_problems import candidate_steps, chosen_candidate
+    flat = {"accuracy": 0.02, "ci95": [0.01, 0.04]}
+
+    def curve(run, lr, *after):
+        """A run's curve: step 0 at 2 %, then a step 40 and 100 at ``after`` (accuracy, gained, lost, p)."""
+        points = [{"step": 0, "pass_at_1": {"mean": 0.03}, "whole_greedy": flat}]
+        for step, (acc, up, down, p) in zip((40, 100), after, strict=True):
+            points.append({"step": step, "pass_at_1": {"mean": 0.05},
+                           "vs_step_0": {"pass_at_1": {"difference": 0.02, "p_value": 0.01}}, "whole_greedy": {
+                **flat, "accuracy": acc, "vs_step_0": {"a_only": down, "b_only": up, "p_value": p}}})
+        return {"run": f"data/runs/{run}", "points": points,
+                "recipe": {"learning_rate": lr, "start_mix": ["whole", "1"], "pool_prompts": 512}}
+
+    flat_runs = [curve("curriculum", 3e-4, (0.018, 9, 12, 0.66), (0.023, 12, 10, 0.8)),
+                 curve("curriculum_lr2x", 6e-4, (0.05, 20, 5, 0.003), (0.03, 9, 4, 0.27))]
+    rows = candidate_steps(flat_runs)
+    assert [(r["run"], r["step"], r["reading"]) for r in rows] == [
+        ("curriculum", 40, "no detectable change"), ("curriculum", 100, "no detectable change"),
+        ("curriculum_lr2x", 40, "rose"), ("curriculum_lr2x", 100, "no detectable change")]
+    assert (rows[2]["learning_rate"], rows[2]["starts"], rows[2]["pool"]) == (6e-4, "whole 1", 512)
+    assert (rows[2]["one_line_left"], rows[2]["one_line_left_p"]) == (2.0, 0.01)
+    assert chosen_candidate(rows)["run"] == "curriculum_lr2x" and chosen_candidate(rows)["step"] == 40
+    # a higher accuracy that did not rise detectably is not chosen over one that did
+    rows[1] = {**rows[1], "after": 9.0}
+    assert chosen_candidate(rows)["step"] == 40
+    # one that fell is not chosen either, and where none rose none is
+    assert chosen_candidate([r for r in rows if r["reading"] != "rose"]) is None
+    fell = candidate_steps([curve("x", 1e-4, (0.0, 0, 11, 0.001), (0.02, 3, 3, 1.0))])
+    assert fell[0]["reading"] == "fell" and chosen_candidate(fell) is None

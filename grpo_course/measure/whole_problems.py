@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -372,6 +373,41 @@ def whole_step_change(points: list[dict[str, Any]], point: dict[str, Any]) -> di
     return {"step": point["step"], "n": whole.get("n"), "before": 100 * first, "after": 100 * whole["accuracy"],
             "gained": t["b_only"], "lost": t["a_only"], "p_value": t["p_value"],
             "reading": reading(whole["accuracy"] - first, t["p_value"])}
+
+
+def candidate_steps(curves: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every candidate run's kept steps on validation (``bench/learning_curve.py``'s ``curves``,
+    from one file or several with the same rows), one row per step after step 0 that has a
+    greedy test on whole problems: the run, its learning rate, starts and pool,
+    :func:`whole_step_change`'s fields, and the change of sampled pass@1 at one line left (points,
+    with its p). :func:`chosen_candidate` applies the rule to them."""
+    rows = []
+    for curve in curves:
+        recipe = curve.get("recipe") or {}
+        for point in curve["points"][1:]:
+            change = whole_step_change(curve["points"], point)
+            if change:
+                rows.append({"run": Path(curve["run"]).name, "learning_rate": recipe.get("learning_rate"),
+                             "starts": " ".join(map(str, recipe.get("start_mix") or ()))
+                             or ("whole" if recipe.get("lines_left") is None else f"{recipe['lines_left']} left"),
+                             "pool": recipe.get("pool_prompts"), **change,
+                             **_one_line_left_change(point)})
+    return rows
+
+
+def _one_line_left_change(point: Mapping[str, Any]) -> dict[str, Any]:
+    """A step's sampled pass@1 at one line left against step 0: the change in points and its p."""
+    d = (point.get("vs_step_0") or {}).get("pass_at_1")
+    return {"one_line_left": 100 * d["difference"], "one_line_left_p": d["p_value"]} if d else {}
+
+
+def chosen_candidate(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The rule fixed before the candidates trained (``recipes/curriculum_lr2x_run.yaml``): among
+    the (run, step) rows whose whole-problem test against step 0 reads "rose" (McNemar p < 0.05),
+    the one with the highest greedy accuracy; None where none rose, and then no test rows are
+    spent on any."""
+    risen = [r for r in rows if r["reading"] == "rose"]
+    return max(risen, key=lambda r: r["after"]) if risen else None
 
 
 def validation_sentence(points: list[dict[str, Any]], samples: int) -> str:
