@@ -32,13 +32,15 @@ def test_bad_pool_settings_are_named(changes, message):
 
 
 def fake_screening(counts):
-    """A screen_prompts that returns ``counts`` (the first of them) and records its calls."""
-    calls = []
+    """A screen_prompts that returns ``counts`` in order, a sampling round at a time, and records
+    the questions it screened (all of its calls together)."""
+    screened = []
 
     def screen(model, tokenizer, rows, samples, *args, **kwargs):
-        calls.append(list(rows["question"]))
-        return counts[:len(rows["question"])]
-    return screen, calls
+        lo = len(screened)
+        screened.extend(rows["question"])
+        return counts[lo:lo + len(rows["question"])]
+    return screen, screened
 
 
 def test_the_trainer_draws_only_the_mixed_prompts(monkeypatch, tmp_path):
@@ -51,7 +53,7 @@ def test_the_trainer_draws_only_the_mixed_prompts(monkeypatch, tmp_path):
     trainer.train()
     screened = order[:4]
     kept = [i for i, c in zip(screened, [0, 1, 2, 1], strict=True) if c == 1]
-    assert trainer.prompt_order == kept and len(calls) == 1 and len(calls[0]) == 4
+    assert trainer.prompt_order == kept and len(calls) == 4
     saved = json.loads((tmp_path / "run" / "pool.json").read_text())
     assert saved["mixed"] == kept and saved["kept"] == 2 and saved["screened"] == 4
     assert saved["mixed_share"] == 0.5 and saved["never_share"] == 0.25
@@ -63,7 +65,7 @@ def test_the_trainer_draws_only_the_mixed_prompts(monkeypatch, tmp_path):
     # a second trainer with the same weights reads the screening from the cache
     again = tiny_trainer(prompt_pool="mixed", pool_prompts=4)
     again.build_pool()
-    assert len(calls) == 1 and again.prompt_order == kept
+    assert len(calls) == 4 and again.prompt_order == kept
 
 
 def test_a_checkpoint_keeps_the_pool_and_a_resume_trims_the_log(monkeypatch, tmp_path):
@@ -85,7 +87,7 @@ def test_a_checkpoint_keeps_the_pool_and_a_resume_trims_the_log(monkeypatch, tmp
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1]
     resumed.train(max_steps=3)
-    assert len(calls) == 1                 # not screened again by the trained policy
+    assert len(calls) == 4                 # not screened again by the trained policy
 
 
 def test_the_screening_decodes_a_sampling_round_at_a_time(monkeypatch, tmp_path):
@@ -96,13 +98,45 @@ def test_the_screening_decodes_a_sampling_round_at_a_time(monkeypatch, tmp_path)
 
     def screen(model, tokenizer, rows, samples, max_new_tokens, lines_left, temperature, seed,
                sampling_dtype, batch_prompts, progress):
-        seen.append(batch_prompts)
+        seen.append((batch_prompts, len(rows["question"])))      # a round's prompts at a time
         return [1] * len(rows["question"])
     monkeypatch.setattr(pool_module, "screen_prompts", screen)
     for gbs in (4, 8):
         trainer = tiny_trainer(prompt_pool="mixed", pool_prompts=4, generation_batch_size=gbs)
         trainer.build_pool()
-    assert seen == [4 // trainer.config.num_generations, 8 // trainer.config.num_generations]
+    r4, r8 = 4 // trainer.config.num_generations, 8 // trainer.config.num_generations
+    assert seen == [(r4, r4)] * (4 // r4) + [(r8, r8)] * (4 // r8)
+
+
+def test_a_screening_stopped_part_way_goes_on_and_ends_as_one_run_would(monkeypatch, tmp_path):
+    """Each sampling round is saved as it ends; a rerun screens only the rounds left, each with
+    the seed it had in one uninterrupted screening, and keeps the same pool."""
+    seeds, stop_after = [], [None]
+
+    def screen(model, tokenizer, rows, samples, max_new_tokens, lines_left, temperature, seed,
+               sampling_dtype, batch_prompts, progress):
+        if stop_after[0] is not None and len(seeds) == stop_after[0]:
+            raise KeyboardInterrupt                      # the session ends part way
+        seeds.append(seed)
+        return [1 + seed % 2] * len(rows["question"])   # what a round draws depends on its seed
+    monkeypatch.setattr(pool_module, "screen_prompts", screen)
+    settings = dict(prompt_pool="mixed", pool_prompts=6, generation_batch_size=4)   # 2 prompts a round
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "once"))
+    whole = tiny_trainer(**settings).build_pool()
+    once = list(seeds)
+    assert len(once) == 3 and once[1] - once[0] == 2          # seed + lo, lo the round's first prompt
+
+    seeds.clear()
+    stop_after[0] = 2
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "twice"))
+    with pytest.raises(KeyboardInterrupt):
+        tiny_trainer(**settings).build_pool()
+    assert [p.name.endswith(".partial.json") for p in (tmp_path / "twice" / "pools").iterdir()] == [True]
+    stop_after[0] = None
+    resumed = tiny_trainer(**settings).build_pool()
+    assert seeds == once                                      # the last round only, with its own seed
+    assert {k: v for k, v in resumed.items() if k != "seconds"} == {k: v for k, v in whole.items() if k != "seconds"}
+    assert [p.name.endswith(".partial.json") for p in (tmp_path / "twice" / "pools").iterdir()] == [False]
 
 
 def test_an_empty_pool_is_a_clear_error(monkeypatch, tmp_path):

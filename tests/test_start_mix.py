@@ -79,7 +79,7 @@ def test_the_pool_screens_each_pair_at_its_start(monkeypatch, tmp_path):
     trainer = _mix_trainer(start_mix=("whole", "1", "2"), prompt_pool="mixed", pool_prompts=4)
     trainer.build_pool()
     first = [trainer.grpo_dataset[i]["start"] for i in trainer.pool["ids"]]
-    assert seen == [first] and trainer.prompt_order == trainer.pool["ids"]
+    assert sum(seen, []) == first and trainer.prompt_order == trainer.pool["ids"]
 
 
 def test_screen_prompts_reads_each_rows_start(monkeypatch):

@@ -9,7 +9,7 @@ solved sometimes. :func:`sampled_records` and :func:`correct_counts` count the r
 a prompt's samples: the screening reads them, and so do the evaluation's pass@k and sampled pass@1
 (:mod:`grpo_course.measure.evaluate`). :func:`screened_pool` caches the screening, keyed by the weights that sampled
 it, the prompts, the sampling settings and the code (:mod:`grpo_course.infra.fingerprint`), so a
-rerun of a recipe screens once.
+rerun of a recipe screens once, and a screening stopped part way goes on where it stopped.
 """
 from __future__ import annotations
 
@@ -116,14 +116,28 @@ def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int
     stored = read_cached(path, lambda s: s["ids"] == ids and len(s["correct"]) == len(ids))
     if stored is not None:
         return stored
-    start = time.perf_counter()
-    correct = screen_prompts(model, tokenizer, rows, samples, config.max_completion_length,
-                             config.lines_left, config.temperature, config.seed,
-                             config.sampling_dtype, batch_prompts, progress)
+    # a long screening keeps its progress, a sampling round at a time: stopped part way, it goes on
+    # from the last round it saved
+    partial = path.with_name(path.stem + ".partial" + path.suffix)
+    done = read_cached(partial, lambda s: s["ids"] == ids) or {}
+    correct, seconds = list(done.get("correct", [])), done.get("seconds", 0.0)
+    block = batch_prompts
+    with tqdm(total=len(ids), initial=len(correct), desc="screening the pool", disable=not progress) as bar:
+        for lo in range(len(correct), len(ids), block):
+            start = time.perf_counter()
+            # seed + lo: the block at ``lo`` draws what it would draw in one uninterrupted call
+            correct += screen_prompts(model, tokenizer, {k: v[lo:lo + block] for k, v in rows.items()},
+                                      samples, config.max_completion_length, config.lines_left,
+                                      config.temperature, config.seed + lo, config.sampling_dtype,
+                                      batch_prompts, False)
+            seconds += time.perf_counter() - start
+            write_json_atomic(partial, {"ids": ids, "correct": correct, "seconds": seconds})
+            bar.update(len(correct) - bar.n)
     pool = {"ids": ids, "correct": correct, "samples": samples,
             "mixed": mixed_ids(ids, correct, samples), "start_mix": list(config.start_mix),
-            "seconds": round(time.perf_counter() - start, 1)}
+            "seconds": round(seconds, 1)}
     write_json_atomic(path, pool)
+    partial.unlink(missing_ok=True)
     return pool
 
 
