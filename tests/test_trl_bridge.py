@@ -181,6 +181,8 @@ def test_launch_returns_the_json_line_and_reports_a_failure(tmp_path, capsys):
     ok = [sys.executable, "-c", "import sys; print('noise'); sys.stderr.write('bar 1/1'); print('{\"steps\": 3}')"]
     assert trl_bridge.launch(ok) == {"steps": 3}
     assert "bar 1/1" in capsys.readouterr().err           # the child's progress passes through
+    quiet = [sys.executable, "-c", "import os; print(os.environ['HF_DATASETS_DISABLE_PROGRESS_BARS'])"]
+    assert trl_bridge.launch(quiet) == 1                  # but not datasets' Map bars
     bad = [sys.executable, "-c", "import sys; sys.stderr.write('error: bad flag'); sys.exit(2)"]
     with pytest.raises(RuntimeError, match="status 2: error: bad flag"):
         trl_bridge.launch(bad)

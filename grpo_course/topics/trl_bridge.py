@@ -562,8 +562,11 @@ def launch(command: Sequence[str], cwd: str | os.PathLike | None = None) -> dict
     """Run a :func:`launch_command`, passing its progress bar and messages through to stderr, and
     return its JSON line; a failed run raises a ``RuntimeError`` with the end of its output."""
 
+    # the children's datasets bars (TRL maps its data set in every process) are noise beside TRL's own
+    env = {**os.environ, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
     with tempfile.TemporaryFile("w+") as stdout:
-        proc = subprocess.Popen(list(command), stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=cwd)
+        proc = subprocess.Popen(list(command), stdout=stdout, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                                env=env)
         tail = ""
         for chunk in iter(lambda: proc.stderr.read(256), ""):
             sys.stderr.write(chunk)
