@@ -286,7 +286,9 @@ def test_reference_batches_score_the_gsm8k_solution(gsm8k_dir):
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     rows = list(load_gsm8k("train", data_dir=gsm8k_dir))[:3]
-    batch = next(reference_batches(tokenizer, rows, batch_size=3, max_completion_length=5))
+    batches = reference_batches(tokenizer, rows, batch_size=3, max_completion_length=5)
+    assert len(batches) == 1 and len(reference_batches(tokenizer, rows, batch_size=2)) == 2   # a bar's total
+    batch = next(batches)
     assert batch["prompt_ids"].shape[0] == 3 and batch["completion_ids"].shape == (3, 5)
     assert batch["prompt_mask"][:, -1].all()          # prompts padded on the left
     assert batch["completion_mask"][:, 0].all()       # completions padded on the right

@@ -246,3 +246,17 @@ def test_cosine_change_is_paired_over_prompts():
     assert by_prompt["n"] == 2 and by_prompt["hi"] - by_prompt["lo"] > by_position["hi"] - by_position["lo"]
     with pytest.raises(ValueError, match="whole prompts of 5"):
         Q.cosine_change(ref, far, near, positions_per_prompt=5)
+
+
+def test_a_slow_one_token_run_does_not_inflate_the_decoding_rate(monkeypatch):
+    """The decode time is a full run less the prefill; the prefill is the fastest 1-token run, so
+    a 1-token run slowed by another process does not shrink a full run's decode time."""
+    from types import SimpleNamespace
+    clock = iter([0.0, 10.0, 10.0, 21.0,     # repeat 1: 1-token run 10 s (disturbed), full run 11 s
+                  30.0, 31.0, 40.0, 51.0])    # repeat 2: 1-token run 1 s, full run 11 s
+    monkeypatch.setattr(Q.time, "perf_counter", lambda: next(clock))
+    out = SimpleNamespace(completion_ids=torch.zeros(2, 11), completion_mask=torch.ones(2, 11))
+    monkeypatch.setattr(Q, "sample_completions", lambda *a, **k: out)
+    timed = Q.time_decoding(None, None, ["a", "b"], batch_size=2, max_new_tokens=11, repeats=2)
+    assert timed["ttft_s"] == 1.0
+    assert timed["rates"] == [2.0, 2.0] and timed["decode_tok_s"] == 2.0    # 2 x 10 tokens in 10 s

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -431,8 +431,22 @@ def fisher_agreement(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor
     return {"spearman": spearman, "top_overlap": len(top_x & top_y) / k, "parameters": len(x)}
 
 
+class SizedBatches(Iterator):
+    """Batches made one at a time (each a sampling or tokenizing call) that know how many there
+    will be, so a progress bar over them (:func:`fisher_diagonal`'s) shows a total."""
+
+    def __init__(self, batches: Iterator[dict[str, torch.Tensor]], n: int) -> None:
+        self._batches, self._n = batches, n
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        return next(self._batches)
+
+    def __len__(self) -> int:
+        return self._n
+
+
 def sampled_batches(model, tokenizer, rows, batch_size: int = 8, max_new_tokens: int = 128,
-                    temperature: float = 1.0, seed: int = 0, sampling_dtype=None):
+                    temperature: float = 1.0, seed: int = 0, sampling_dtype=None) -> SizedBatches:
     """Completions sampled from the policy for ``rows`` (one per problem, continuing its ``start``
     where a row has one), as Fisher batches (the *true* Fisher: expectations under the model's
     own distribution). ``sampling_dtype``
@@ -440,32 +454,38 @@ def sampled_batches(model, tokenizer, rows, batch_size: int = 8, max_new_tokens:
     bf16 weights where the CPU has bf16; ``None``: the model's own precision)."""
 
     rows = list(rows)
-    for lo in range(0, len(rows), batch_size):
-        chunk = rows[lo:lo + batch_size]
-        b = sample_completions(model, tokenizer, [start_prompt(r, tokenizer) for r in chunk],
-                               num_generations=1,
-                               max_new_tokens=max_new_tokens, temperature=temperature,
-                               seed=seed + lo, sampling_dtype=sampling_dtype)
-        yield {"prompt_ids": b.prompt_ids, "prompt_mask": b.prompt_mask,
-               "completion_ids": b.completion_ids, "completion_mask": b.completion_mask}
+
+    def batches():
+        for lo in range(0, len(rows), batch_size):
+            chunk = rows[lo:lo + batch_size]
+            b = sample_completions(model, tokenizer, [start_prompt(r, tokenizer) for r in chunk],
+                                   num_generations=1,
+                                   max_new_tokens=max_new_tokens, temperature=temperature,
+                                   seed=seed + lo, sampling_dtype=sampling_dtype)
+            yield {"prompt_ids": b.prompt_ids, "prompt_mask": b.prompt_mask,
+                   "completion_ids": b.completion_ids, "completion_mask": b.completion_mask}
+    return SizedBatches(batches(), -(-len(rows) // batch_size))
 
 
-def reference_batches(tokenizer, rows, batch_size: int = 8, max_completion_length: int = 128):
+def reference_batches(tokenizer, rows, batch_size: int = 8, max_completion_length: int = 128) -> SizedBatches:
     """GSM8K's reference solutions of ``rows`` as completions (the *empirical* Fisher: gradients at
     the data's answers rather than the model's)."""
     rows = list(rows)
-    for lo in range(0, len(rows), batch_size):
-        pairs = [sft_text(r["question"], r["solution"], tokenizer) for r in rows[lo:lo + batch_size]]
-        tokenizer.padding_side = "left"
-        enc = tokenizer([p for p, _ in pairs], return_tensors="pt", padding=True,
-                        add_special_tokens=False)
-        tokenizer.padding_side = "right"
-        comp = tokenizer([t for _, t in pairs], return_tensors="pt", padding=True,
-                         add_special_tokens=False, truncation=True,
-                         max_length=max_completion_length)
-        tokenizer.padding_side = "left"
-        yield {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
-               "completion_ids": comp["input_ids"], "completion_mask": comp["attention_mask"]}
+
+    def batches():
+        for lo in range(0, len(rows), batch_size):
+            pairs = [sft_text(r["question"], r["solution"], tokenizer) for r in rows[lo:lo + batch_size]]
+            tokenizer.padding_side = "left"
+            enc = tokenizer([p for p, _ in pairs], return_tensors="pt", padding=True,
+                            add_special_tokens=False)
+            tokenizer.padding_side = "right"
+            comp = tokenizer([t for _, t in pairs], return_tensors="pt", padding=True,
+                             add_special_tokens=False, truncation=True,
+                             max_length=max_completion_length)
+            tokenizer.padding_side = "left"
+            yield {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
+                   "completion_ids": comp["input_ids"], "completion_mask": comp["attention_mask"]}
+    return SizedBatches(batches(), -(-len(rows) // batch_size))
 
 
 # ---------------------------------------------------------------- 3. EWC

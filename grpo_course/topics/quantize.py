@@ -41,6 +41,7 @@ from grpo_course.core.sampling import has_plain_linear_weights, sample_completio
 from grpo_course.infra.atomic import atomic_write
 from grpo_course.infra.errors import CourseError, OneLineArgumentParser, report
 from grpo_course.infra.hardware import rss_bytes, set_threads
+from grpo_course.infra.progress import library_bars_off
 from grpo_course.measure.attribution import held_out_rewards, paired_mcnemar
 from grpo_course.measure.stats import paired_difference
 
@@ -262,7 +263,8 @@ def _write_variant(model: torch.nn.Module, tokenizer, folder: Path, variant: str
     metadata: dict[str, str] = {"format": "pt"}
     info: dict[str, Any] = {"variant": variant}
     if variant == "fp32":
-        model.save_pretrained(folder, safe_serialization=True)
+        with library_bars_off("transformers"):       # its shard-writing bar, a widget in the page
+            model.save_pretrained(folder, safe_serialization=True)
     else:
         if variant == "dynamic":
             tensors = _flat_dynamic_state(model)
@@ -497,7 +499,9 @@ def time_decoding(model, tokenizer, prompts: Sequence[str], batch_size: int,
     ``fast=False`` runs the transformers forward pass (the only one quantized models take);
     ``sampling_dtype`` is the fast sampler's weight copy (``None``: its default). The best of
     ``repeats`` runs is ``decode_tok_s`` (other processes share the cores); every run's rate is
-    kept in ``rates``, so a reader sees the spread.
+    kept in ``rates``, so a reader sees the spread. A run's decoding time is its full run less the
+    fastest 1-token run (the prefill): a 1-token run slowed by another process, subtracted from a
+    full run that was not, would otherwise inflate that run's rate many times over.
     """
 
     batch = list(prompts[:batch_size])
@@ -505,20 +509,19 @@ def time_decoding(model, tokenizer, prompts: Sequence[str], batch_size: int,
         raise ValueError(f"need {batch_size} prompts, got {len(prompts)}")
     kw = {"temperature": 0.0, "fast": fast, "sampling_dtype": sampling_dtype}
     sample_completions(model, tokenizer, batch[:1], 1, 2, **kw)  # warm-up
-    best_first, rates, tokens = float("inf"), [], 0
+    firsts, runs, tokens = [], [], 0
     for _ in range(repeats):
         t0 = time.perf_counter()
         sample_completions(model, tokenizer, batch, 1, 1, **kw)
-        first = time.perf_counter() - t0
+        firsts.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         out = sample_completions(model, tokenizer, batch, 1, max_new_tokens, **kw)
-        total = time.perf_counter() - t0
-        steps = out.completion_ids.shape[1]
+        runs.append((time.perf_counter() - t0, out.completion_ids.shape[1]))
         tokens = int(out.completion_mask.sum())
-        if steps > 1 and total > first:      # noise can make the 1-token run the slower one
-            rates.append(batch_size * (steps - 1) / (total - first))
-        best_first = min(best_first, first)
-    return {"batch_size": batch_size, "ttft_s": best_first,
+    first = min(firsts)                      # the prefill, least disturbed
+    rates = [batch_size * (steps - 1) / (total - first) for total, steps in runs
+             if steps > 1 and total > first]
+    return {"batch_size": batch_size, "ttft_s": first,
             "decode_tok_s": max(rates) if rates else float("nan"), "rates": rates, "new_tokens": tokens}
 
 
