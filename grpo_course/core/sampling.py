@@ -385,32 +385,42 @@ class FastLlama:
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
                 repeat: int) -> torch.Tensor:
         """Run the prompts [P, L] once and keep their keys/values once; the last logits of each
-        prompt for each of its ``repeat`` rows, [P*repeat, V]."""
+        prompt for each of its ``repeat`` rows, [P*repeat, V].
+
+        The matrix products run over the prompts' real tokens only, packed into one [N, d]
+        batch (left padding is a third of a batch of GSM8K prompts, and those products are
+        almost all of a prefill's work); attention scatters them into the padded [P, L] layout,
+        where each prompt's keys and values stay for decoding."""
         P, L = ids.shape
-        h = F.embedding(ids, self.embed).float()
-        cos, sin = self._rotary(h, positions)
-        cos, sin = cos[:, None], sin[:, None]
-        keep = torch.ones(L, L, dtype=torch.bool).tril()[None, None] & mask.bool()[:, None, None, :]
+        real = mask.bool()
+        h = F.embedding(ids[real], self.embed).float()              # [N, d]
+        cos, sin = self._rotary(h[None], positions[real][None])
+        cos, sin = cos[0, :, None], sin[0, :, None]                 # [N, 1, D]
+        keep = torch.ones(L, L, dtype=torch.bool).tril()[None, None] & real[:, None, None, :]
         keep = keep | torch.eye(L, dtype=torch.bool)  # pad rows attend to themselves: no NaN
         H, K, D = self.n_heads, self.n_kv, self.head_dim
+        N = h.shape[0]
+        padded = torch.zeros(P, L, H + 2 * K, D)      # pads stay zero: masked keys, unused rows
         self.prompt_k, self.prompt_v = [], []
         for i, (n1, wqkv, wo, n2, wgu, wd) in enumerate(self.layers):
             p_qkv, p_o, p_gu, p_d = self.packed[i]
-            qkv = _linear(n1(h), wqkv, p_qkv).float().view(P, L, H + 2 * K, D).transpose(1, 2)
-            q, k, v = qkv.split([H, K, K], 1)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            qkv = _linear(n1(h), wqkv, p_qkv).float().view(N, H + 2 * K, D)
+            qkv[:, :H + K] = _rope(qkv[:, :H + K], cos, sin)        # q and k heads together
+            padded[real] = qkv
+            q, k, v = padded.transpose(1, 2).split([H, K, K], 1)
             self.prompt_k.append(k.contiguous())
             self.prompt_v.append(v.contiguous())
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
-            h = h + _linear(a.transpose(1, 2).reshape(P, L, H * D).to(self.dtype), wo, p_o)
+            h = h + _linear(a.transpose(1, 2)[real].reshape(N, H * D).to(self.dtype), wo, p_o)
             g, u = _linear(n2(h), wgu, p_gu).split(self.inter, -1)
             h = h + _linear(F.silu(g) * u, wd, p_d)
-        bias = torch.zeros(P, L).masked_fill_(~mask.bool(), float("-inf"))
+        bias = torch.zeros(P, L).masked_fill_(~real, float("-inf"))
         self.prompt_bias_rows = bias                                 # [P, Lp]
         self._set_prompt_bias()
         self._set_rows(torch.arange(P).repeat_interleave(repeat))
         self.written = 0
-        return self._logits(h[:, -1]).repeat_interleave(repeat, 0)
+        last = real.sum(1).cumsum(0) - 1          # each prompt's last token (left padding)
+        return self._logits(h[last]).repeat_interleave(repeat, 0)
 
     def _set_prompt_bias(self) -> None:
         P, L = self.prompt_bias_rows.shape
