@@ -260,3 +260,4 @@ def test_a_slow_one_token_run_does_not_inflate_the_decoding_rate(monkeypatch):
     timed = Q.time_decoding(None, None, ["a", "b"], batch_size=2, max_new_tokens=11, repeats=2)
     assert timed["ttft_s"] == 1.0
     assert timed["rates"] == [2.0, 2.0] and timed["decode_tok_s"] == 2.0    # 2 x 10 tokens in 10 s
+    assert timed["new_tokens"] == 22                                      # what the run decoded

@@ -121,12 +121,11 @@ def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int
     partial = path.with_name(path.stem + ".partial" + path.suffix)
     done = read_cached(partial, lambda s: s["ids"] == ids) or {}
     correct, seconds = list(done.get("correct", [])), done.get("seconds", 0.0)
-    block = batch_prompts
     with tqdm(total=len(ids), initial=len(correct), desc="screening the pool", disable=not progress) as bar:
-        for lo in range(len(correct), len(ids), block):
+        for lo in range(len(correct), len(ids), batch_prompts):
             start = time.perf_counter()
             # seed + lo: the block at ``lo`` draws what it would draw in one uninterrupted call
-            correct += screen_prompts(model, tokenizer, {k: v[lo:lo + block] for k, v in rows.items()},
+            correct += screen_prompts(model, tokenizer, {k: v[lo:lo + batch_prompts] for k, v in rows.items()},
                                       samples, config.max_completion_length, config.lines_left,
                                       config.temperature, config.seed + lo, config.sampling_dtype,
                                       batch_prompts, False)

@@ -444,48 +444,49 @@ class SizedBatches(Iterator):
     def __len__(self) -> int:
         return self._n
 
+    @classmethod
+    def over(cls, rows: list, batch_size: int,
+             make: Callable[[int, list], dict[str, torch.Tensor]]) -> SizedBatches:
+        """``make(lo, rows[lo:lo + batch_size])`` for each block of ``rows``, made when asked for."""
+        blocks = (make(lo, rows[lo:lo + batch_size]) for lo in range(0, len(rows), batch_size))
+        return cls(blocks, -(-len(rows) // batch_size))
+
 
 def sampled_batches(model, tokenizer, rows, batch_size: int = 8, max_new_tokens: int = 128,
                     temperature: float = 1.0, seed: int = 0, sampling_dtype=None) -> SizedBatches:
     """Completions sampled from the policy for ``rows`` (one per problem, continuing its ``start``
     where a row has one), as Fisher batches (the *true* Fisher: expectations under the model's
-    own distribution). ``sampling_dtype``
-    as in :func:`grpo_course.core.sampling.sample_completions` (``"auto"``: the trainer's sampler,
-    bf16 weights where the CPU has bf16; ``None``: the model's own precision)."""
+    own distribution). ``sampling_dtype`` as in
+    :func:`grpo_course.core.sampling.sample_completions` (``"auto"``: the trainer's sampler, bf16
+    weights where the CPU has bf16; ``None``: the model's own precision)."""
 
-    rows = list(rows)
-
-    def batches():
-        for lo in range(0, len(rows), batch_size):
-            chunk = rows[lo:lo + batch_size]
-            b = sample_completions(model, tokenizer, [start_prompt(r, tokenizer) for r in chunk],
-                                   num_generations=1,
-                                   max_new_tokens=max_new_tokens, temperature=temperature,
-                                   seed=seed + lo, sampling_dtype=sampling_dtype)
-            yield {"prompt_ids": b.prompt_ids, "prompt_mask": b.prompt_mask,
-                   "completion_ids": b.completion_ids, "completion_mask": b.completion_mask}
-    return SizedBatches(batches(), -(-len(rows) // batch_size))
+    def batch(lo: int, chunk: list) -> dict[str, torch.Tensor]:
+        b = sample_completions(model, tokenizer, [start_prompt(r, tokenizer) for r in chunk],
+                               num_generations=1, max_new_tokens=max_new_tokens,
+                               temperature=temperature, seed=seed + lo,
+                               sampling_dtype=sampling_dtype)
+        return {"prompt_ids": b.prompt_ids, "prompt_mask": b.prompt_mask,
+                "completion_ids": b.completion_ids, "completion_mask": b.completion_mask}
+    return SizedBatches.over(list(rows), batch_size, batch)
 
 
 def reference_batches(tokenizer, rows, batch_size: int = 8, max_completion_length: int = 128) -> SizedBatches:
     """GSM8K's reference solutions of ``rows`` as completions (the *empirical* Fisher: gradients at
     the data's answers rather than the model's)."""
-    rows = list(rows)
 
-    def batches():
-        for lo in range(0, len(rows), batch_size):
-            pairs = [sft_text(r["question"], r["solution"], tokenizer) for r in rows[lo:lo + batch_size]]
-            tokenizer.padding_side = "left"
-            enc = tokenizer([p for p, _ in pairs], return_tensors="pt", padding=True,
-                            add_special_tokens=False)
-            tokenizer.padding_side = "right"
-            comp = tokenizer([t for _, t in pairs], return_tensors="pt", padding=True,
-                             add_special_tokens=False, truncation=True,
-                             max_length=max_completion_length)
-            tokenizer.padding_side = "left"
-            yield {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
-                   "completion_ids": comp["input_ids"], "completion_mask": comp["attention_mask"]}
-    return SizedBatches(batches(), -(-len(rows) // batch_size))
+    def batch(lo: int, chunk: list) -> dict[str, torch.Tensor]:
+        pairs = [sft_text(r["question"], r["solution"], tokenizer) for r in chunk]
+        tokenizer.padding_side = "left"
+        enc = tokenizer([p for p, _ in pairs], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+        tokenizer.padding_side = "right"
+        comp = tokenizer([t for _, t in pairs], return_tensors="pt", padding=True,
+                         add_special_tokens=False, truncation=True,
+                         max_length=max_completion_length)
+        tokenizer.padding_side = "left"
+        return {"prompt_ids": enc["input_ids"], "prompt_mask": enc["attention_mask"],
+                "completion_ids": comp["input_ids"], "completion_mask": comp["attention_mask"]}
+    return SizedBatches.over(list(rows), batch_size, batch)
 
 
 # ---------------------------------------------------------------- 3. EWC

@@ -509,20 +509,22 @@ def time_decoding(model, tokenizer, prompts: Sequence[str], batch_size: int,
         raise ValueError(f"need {batch_size} prompts, got {len(prompts)}")
     kw = {"temperature": 0.0, "fast": fast, "sampling_dtype": sampling_dtype}
     sample_completions(model, tokenizer, batch[:1], 1, 2, **kw)  # warm-up
-    firsts, runs, tokens = [], [], 0
+    firsts, runs = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         sample_completions(model, tokenizer, batch, 1, 1, **kw)
         firsts.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         out = sample_completions(model, tokenizer, batch, 1, max_new_tokens, **kw)
-        runs.append((time.perf_counter() - t0, out.completion_ids.shape[1]))
-        tokens = int(out.completion_mask.sum())
+        runs.append((time.perf_counter() - t0, out.completion_ids.shape[1],
+                     int(out.completion_mask.sum())))
     first = min(firsts)                      # the prefill, least disturbed
-    rates = [batch_size * (steps - 1) / (total - first) for total, steps in runs
+    timed = [(batch_size * (steps - 1) / (total - first), tokens) for total, steps, tokens in runs
              if steps > 1 and total > first]
-    return {"batch_size": batch_size, "ttft_s": first,
-            "decode_tok_s": max(rates) if rates else float("nan"), "rates": rates, "new_tokens": tokens}
+    # the fastest run's rate, and the tokens that run decoded
+    best_rate, tokens = max(timed) if timed else (float("nan"), runs[-1][2])
+    return {"batch_size": batch_size, "ttft_s": first, "decode_tok_s": best_rate,
+            "rates": [rate for rate, _ in timed], "new_tokens": tokens}
 
 
 class PeakRSS:
