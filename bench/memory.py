@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_course.config import PROFILE_NAMES
+from grpo_course.config import PROFILE_NAMES, cpu_kind
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.errors import OneLineArgumentParser
 from grpo_course.infra.hardware import bench_facts, memory_limit_bytes
@@ -112,7 +112,8 @@ def run_chapter(path: Path, profile: str, interval: float, timeout: float,
             "top_cells": top, "slowest_cells": slowest_cells(cells),
             "cells": [[cid, mib(peak), mib(end), round(s, 1)] for cid, peak, end, s in cells],
             **({"error": error} if error else {}), "date": time.strftime("%Y-%m-%d %H:%M"),
-            "commit": git_commit(), "machine": machine_facts()}
+            "commit": git_commit(), "machine": machine_facts(),
+            **({"sizes": cpu_kind()} if profile != "smoke" else {})}
 
 
 MACHINE_KEYS = ("cpu", "avx512_bf16", "amx_bf16", "native_bf16")

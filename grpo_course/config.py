@@ -635,7 +635,13 @@ def cpu_kind(strict: bool = True) -> str:
     if chosen and strict:
         raise ConfigError(f"unknown full-profile sizes {chosen!r} (from ${SIZES_ENV}); choose "
                           f"one of {', '.join(FULL_SIZES)}")
-    return "large" if hardware.native_bf16() and not hardware.has_amx() else "compact"
+    return sizes_for(hardware.native_bf16(), hardware.has_amx())
+
+
+def sizes_for(native_bf16: bool, amx: bool) -> str:
+    """The full profile's sizes of a CPU with or without native bf16 and AMX (:func:`cpu_kind`):
+    also how a measurement taken on another machine is labelled."""
+    return "large" if native_bf16 and not amx else "compact"
 
 
 #: Chapter 3's levers for a learning signal in every GRPO step (both profiles run the same path),

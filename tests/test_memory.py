@@ -68,6 +68,7 @@ def test_check_memory_says_whether_the_chapter_fits(tmp_path):
     none_fit = memory.check_memory("03_grpo", "full", path, limit_bytes=2**30)
     assert none_fit.startswith("WARNING") and "No measured profile fits" in none_fit
     unknown = memory.check_memory("04_trl", "full", path, limit_bytes=2**30)
+    assert "full profile when" in fits              # a record that does not say its sizes
     assert "not been measured" in unknown
     assert memory.read_measurements(tmp_path / "absent.json") == {}
 
@@ -281,3 +282,17 @@ def test_the_memory_table_says_when_it_was_measured():
     assert ext._dates(results) == " Measured between 2026-11-25 and 2026-11-27."
     assert ext._dates({"a": {"full": {"date": "2026-11-27 12:59"}}}) == " Measured on 2026-11-27."
     assert ext._dates({"a": {"full": {}}}) == ""
+
+
+@pytest.mark.parametrize(("record", "label"), [
+    ({"machine": {"native_bf16": True, "amx_bf16": False}}, "full profile (large sizes)"),
+    ({"machine": {"native_bf16": False, "amx_bf16": False}}, "full profile (compact sizes)"),
+    ({"machine": {"native_bf16": True, "amx_bf16": True}}, "full profile (compact sizes)"),
+    ({"machine": {"native_bf16": False}, "sizes": "large"}, "full profile (large sizes)"),
+    ({}, "full profile")])
+def test_a_measured_peak_names_the_sizes_it_ran_at(tmp_path, record, label):
+    """The peak was measured at the sizes of the machine that measured it, which need not be
+    this machine's: the sentence names them (the record's own ``sizes``, else its CPU's)."""
+    path = measured(tmp_path, {"03_grpo": {"full": {"peak_rss_mib": 3200.0, **record}}})
+    said = memory.check_memory("03_grpo", "full", path, limit_bytes=24 * 2**30)
+    assert f"on the {label} when measured" in said

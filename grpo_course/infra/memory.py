@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from grpo_course.config import PROFILES
+from grpo_course.config import PROFILES, sizes_for
 from grpo_course.infra.hardware import memory_limit_bytes
 
 #: The measurements of ``bench/memory.py``: ``{"results": {chapter: {profile: {...}}}}``.
@@ -214,6 +214,17 @@ def check_memory(chapter: str, profile: str, path: str | Path = MEMORY_FILE,
     return _fits(chapter, profile, path, limit_bytes) + note
 
 
+def measured_profile(profile: str, record: dict[str, Any]) -> str:
+    """``"full profile (large sizes)"``: the profile of a measurement with the sizes it ran at,
+    which are those of the machine that measured it (its ``sizes``, else its CPU's), not always
+    this machine's."""
+    sizes = record.get("sizes")
+    machine = record.get("machine")
+    if sizes is None and machine and profile in ("full", "binder"):
+        sizes = sizes_for(bool(machine.get("native_bf16")), bool(machine.get("amx_bf16")))
+    return f"{profile} profile ({sizes} sizes)" if sizes else f"{profile} profile"
+
+
 def _fits(chapter: str, profile: str, path: str | Path, limit_bytes: int | None) -> str:
     limit = memory_limit_bytes() if limit_bytes is None else limit_bytes
     limit_gib = limit / 2**30
@@ -223,12 +234,14 @@ def _fits(chapter: str, profile: str, path: str | Path, limit_bytes: int | None)
         return (f"This machine gives {limit_gib:.1f} GiB; the peak of {chapter} on the {profile} "
                 f"profile has not been measured here (python bench/memory.py).")
     if peak * 2**20 <= limit:
-        return (f"This chapter peaked at {peak / 1024:.1f} GiB on the {profile} profile when "
-                f"measured; this machine gives {limit_gib:.1f} GiB: it fits.")
+        return (f"This chapter peaked at {peak / 1024:.1f} GiB on the "
+                f"{measured_profile(profile, peaks[profile])} when measured; this machine gives "
+                f"{limit_gib:.1f} GiB: it fits.")
     fits = sorted((p for p, m in peaks.items() if m.get("peak_rss_mib", 1e18) * 2**20 <= limit),
                   key=lambda p: -peaks[p]["peak_rss_mib"])
     advice = (f"set GRPO_COURSE_PROFILE={fits[0]} (measured {peaks[fits[0]]['peak_rss_mib'] / 1024:.1f} "
               f"GiB) and restart the kernel" if fits else "no measured profile fits it")
-    return (f"WARNING: this chapter peaked at {peak / 1024:.1f} GiB on the {profile} profile, more "
+    return (f"WARNING: this chapter peaked at {peak / 1024:.1f} GiB on the "
+            f"{measured_profile(profile, peaks[profile])}, more "
             f"than the {limit_gib:.1f} GiB this machine gives: the kernel would be killed part-way. "
             f"{advice[0].upper()}{advice[1:]}.")
