@@ -349,3 +349,19 @@ def test_old_logps_come_from_the_sampler_only_at_the_training_precision():
     assert reuses_sampler_logps(False, torch.float32)
     assert not reuses_sampler_logps(False, torch.bfloat16)     # a bf16 sampler: another distribution
     assert not reuses_sampler_logps(True, torch.float32)       # a bf16 pass: its own log-probs
+
+
+def test_the_log_counts_the_tokens_the_training_pass_ran_over():
+    """``sampled_tokens`` counts every completion token; ``trained_tokens`` those of the groups
+    the updates passed through the model (a group whose rewards tie is left out), which is what a
+    training rate must be read against."""
+    from grpo_course.core.step_log import step_log
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])                    # G = 2: group 1 ties
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1]])
+    info = {"rewards": rewards, "per_func": {}, "frac_reward_zero_std": 0.5, "prompts_sampled": 2,
+            "sampling_rounds": 1, "completion_length": 2.25, "clipped_ratio": 0.0,
+            "trained_correct_mixed": None}
+    inputs = {"rewards": rewards, "groups_to_train": torch.tensor([True, False]),
+              "completion_mask": mask, "sampled_tokens": int(mask.sum()), "sampled": info}
+    row = step_log(0, [{"loss": 0.0, "skipped": False}], inputs, 2, False, 0.0, 0.5, end=1.0)
+    assert row["sampled_tokens"] == 9 and row["trained_tokens"] == 5

@@ -42,6 +42,8 @@ def step_log(step: int, updates: list[dict[str, Any]], inputs: dict[str, Any], G
             "skipped": updates[0]["skipped"], "step_seconds": seconds,
             "sampling_seconds": sampled - start,
             "sampled_tokens": n_tokens, "tokens_per_s": n_tokens / seconds,
+            # the completion tokens the training pass ran over: the trained groups' only
+            "trained_tokens": int(inputs["completion_mask"][trained.repeat_interleave(G)].sum()),
             **start_metrics(info, G, trained)}
 
 
