@@ -583,7 +583,7 @@ class Profile:
     @property
     def label(self) -> str:
         """The name, with the sizes it took here: ``full (compact sizes)``; ``smoke`` alone."""
-        return f"{self.name} ({self.sizes} sizes)" if self.sizes else self.name
+        return sized_label(self.name, self.sizes)
 
     @property
     def main_run(self) -> GRPOConfig:
@@ -615,6 +615,14 @@ class Profile:
 
 SIZES_ENV = "GRPO_COURSE_SIZES"
 FULL_SIZES = ("large", "compact")    # the keys of FULL_BY_CPU
+SIZED_PROFILES = ("full", "binder")  # the profiles whose sizes follow the CPU (smoke's never do)
+
+
+def sized_label(name: str, sizes: str | None) -> str:
+    """``name`` with the sizes it ran at, ``"full (large sizes)"``; ``name`` alone without sizes.
+    One format for this machine's profiles (:attr:`Profile.label`) and for measurements taken on
+    another (:func:`grpo_course.infra.memory.measured_profile`)."""
+    return f"{name} ({sizes} sizes)" if sizes else name
 
 
 def cpu_kind(strict: bool = True) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from grpo_course.config import PROFILES, sizes_for
+from grpo_course.config import PROFILES, SIZED_PROFILES, sized_label, sizes_for
 from grpo_course.infra.hardware import memory_limit_bytes
 
 #: The measurements of ``bench/memory.py``: ``{"results": {chapter: {profile: {...}}}}``.
@@ -220,9 +220,9 @@ def measured_profile(profile: str, record: dict[str, Any]) -> str:
     this machine's."""
     sizes = record.get("sizes")
     machine = record.get("machine")
-    if sizes is None and machine and profile in ("full", "binder"):
+    if sizes is None and machine and profile in SIZED_PROFILES:
         sizes = sizes_for(bool(machine.get("native_bf16")), bool(machine.get("amx_bf16")))
-    return f"{profile} profile ({sizes} sizes)" if sizes else f"{profile} profile"
+    return sized_label(f"{profile} profile", sizes)
 
 
 def _fits(chapter: str, profile: str, path: str | Path, limit_bytes: int | None) -> str:
