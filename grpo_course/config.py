@@ -461,7 +461,9 @@ class CurriculumSizes:
     max_completion_length: int = 96             # completion budget while training
     stage_problems: int = 32                     # training problems (the same at every start)
     eval_offset: int = 512                       # held-out test problems from this row...
-    eval_n: int = 96                             # ... this many, each stage's task (paired)
+    eval_n: int = 64                             # ... this many, each stage's task (paired): two
+                                                 # batches of the evaluation's 32, as nine evaluations
+                                                 # and eight stages fit the page's 15 minutes
     budgets: tuple[int, ...] = (64, 112, 200)    # greedy budget at each start (1, 2 lines, whole)
     fisher_prompts: int = 8                      # stage-1 problems for the Fisher
     lam: float = 1e4                             # EWC strength
