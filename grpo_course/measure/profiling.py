@@ -615,7 +615,7 @@ def throughput_sentence(bench: dict) -> str:
                f"{'native' if native else 'no native'} bf16, {facts.get('date', 'undated')}")
     ours, every, best = bench["ours"], bench.get("ours_all_groups", {}), bench.get("trl_best")
     if best and "ratio_all_groups_vs_best" in bench:
-        out = (f"at equal work (the training pass on every group, as TRL's) this trainer takes "
+        out = (f"at equal work (the training pass on every group, as TRL runs it) this trainer takes "
                f"{every['s_per_step']:.1f} s per step against {best['s_per_step']:.1f} s for TRL at "
                f"its fastest setting ({best['mode']}; {machine}): "
                f"{bench['ratio_all_groups_vs_best']:.1f}× its completions per second")
