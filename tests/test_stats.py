@@ -7,6 +7,7 @@ from grpo_course.measure.stats import (
     describe_difference,
     linear_trend,
     mcnemar_test,
+    p_text,
     paired_difference,
     t_quantile,
     t_two_sided_p,
@@ -151,3 +152,14 @@ def test_interval_reading_and_difference_reading_follow_the_interval_and_p():
     same = paired_difference([0, 0], [1, 1])                   # no spread: the t-test cannot judge
     assert difference_reading(same) == "the same change on every problem: no spread to test"
     assert difference_reading(paired_difference([1, 0], [1, 0])) == "no change"
+
+
+def test_p_text_never_rounds_a_p_across_its_threshold():
+    # two significant digits, except where they would write a p under 0.05 as "0.05"
+    assert p_text(0.0497) == "0.0497"
+    assert p_text(0.05) == "0.05"
+    assert p_text(0.0502) == "0.05"
+    assert p_text(3.7e-06) == "3.7e-06"
+    assert p_text(0.684) == "0.68"
+    assert p_text(0.0096, alpha=0.01) == "0.0096"
+    assert p_text(0.00996, alpha=0.01) == "0.00996"

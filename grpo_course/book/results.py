@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from grpo_course.infra.paths import project_root
+from grpo_course.measure.stats import p_text
 
 RESULTS_ID = "chapter-results"
 COLUMNS = ("measure", "value", "n", "95 % interval or pairs", "reading", "from")   # pairs: McNemar's gained, lost
@@ -84,5 +85,5 @@ def p_values_as_text(table: pd.DataFrame) -> pd.DataFrame:
     for col in out.columns:
         if str(col) == "p" or str(col).endswith(" p"):
             out[col] = ["–" if v is None or (isinstance(v, float) and math.isnan(v))   # no test there
-                        else f"{v:.2g}" if isinstance(v, (int, float)) else v for v in out[col]]
+                        else p_text(v) if isinstance(v, (int, float)) else v for v in out[col]]
     return out

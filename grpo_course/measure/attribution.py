@@ -35,6 +35,7 @@ from grpo_course.measure.stats import (
     interval_words,
     linear_trend,
     mcnemar_test,
+    p_text,
     paired_difference,
     reading,
     wilson_interval,
@@ -213,7 +214,7 @@ def changes_table(changes: dict[str, Any], reward: dict[str, float] | None = Non
         t = changes[key]
         return {"measure": name, "start": 100 * share_a, "after": 100 * share_b,
                 "change": 100 * (share_b - share_a),
-                "test": f"McNemar +{t['b_only']} / -{t['a_only']}, p = {t['p_value']:.2g}"}
+                "test": f"McNemar +{t['b_only']} / -{t['a_only']}, p = {p_text(t['p_value'])}"}
 
     n = changes["step_f1"]["n"]
     rows = [paired("the recipe's reward (mean)", reward)] if reward is not None else []
@@ -284,7 +285,7 @@ def recipe_rows(bench: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]
             step_p = vs["reached_step"]["p_value"]
             parts.append(f"on rows {test_rows(part)} it {failed_bars(checks)} (gold step "
                          f"{100 * a['reached_step']:.0f} → {100 * b['reached_step']:.0f} %: "
-                         f"{reading(b['reached_step'] - a['reached_step'], step_p)}, McNemar p = {step_p:.2g}; "
+                         f"{reading(b['reached_step'] - a['reached_step'], step_p)}, McNemar p = {p_text(step_p)}; "
                          f"equations per answer {a['equations_per_problem']:.1f} → "
                          f"{b['equations_per_problem']:.1f})")
         if all(all(h["checks"].values()) for h in recipe["held_out"].values()):

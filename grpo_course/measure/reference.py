@@ -40,7 +40,7 @@ from grpo_course.measure.evaluate import (
     evaluate_sampled,
     held_out_rows,
 )
-from grpo_course.measure.stats import describe_difference, paired_difference, reading
+from grpo_course.measure.stats import describe_difference, p_text, paired_difference, reading
 
 #: the committed reference run (the train CLI's layout: the final adapter, and ``sft/``)
 REFERENCE_RUN = project_root() / "data" / "runs" / "reference"
@@ -280,12 +280,12 @@ def fixed_test_sentences(fixed: dict[str, Any]) -> dict[str, str]:
                         f"{len(verdict['rose'])} slices, and the format held on {sum(verdict['format_ok'])}"),
         "ref_table": "; ".join(
             f"rows {t['test rows']}: pass@1 {t['pass@1 before %']:.1f} → {t['pass@1 after %']:.1f} % "
-            f"({t['change (points)']:+.1f} points, 95 % CI {t['95 % CI']}, p = {t['p']:.2g}), "
+            f"({t['change (points)']:+.1f} points, 95 % CI {t['95 % CI']}, p = {p_text(t['p'])}), "
             f"pass@{k} {t[f'pass@{k} before %']:.1f} → {t[f'pass@{k} after %']:.1f} %, entropy "
             f"{t['entropy before']:.2f} → {t['entropy after']:.2f} nats/token" for t in table),
         "ref_transfer": "; ".join(
             f"{name.replace('_', ' ')}: greedy {100 * t['before']:.1f} → {100 * t['after']:.1f} % (n = {t['n']}, "
-            f"McNemar p = {t['mcnemar']['p_value']:.2g}: {reading(t['after'] - t['before'], t['mcnemar']['p_value'])})"
+            f"McNemar p = {p_text(t['mcnemar']['p_value'])}: {reading(t['after'] - t['before'], t['mcnemar']['p_value'])})"
             for name, t in fixed.get("transfer", {}).items()) or "not run",
         "ref_passk_change": "; ".join(f"rows {s['rows'][0]}-{s['rows'][1] - 1}: {describe_difference(d)}"
                                       for s, d in zip(fixed["slices"], passk, strict=True)),
@@ -297,7 +297,7 @@ def fixed_test_sentences(fixed: dict[str, Any]) -> dict[str, str]:
                            else "by the rule above, sharpening")),
         "ref_greedy": "; ".join(
             f"on rows {t['test rows']}, {reading(t['greedy after %'] - t['greedy before %'], t['McNemar p'])} "
-            f"({t['greedy before %']:.1f} → {t['greedy after %']:.1f} %, McNemar p = {t['McNemar p']:.2g})"
+            f"({t['greedy before %']:.1f} → {t['greedy after %']:.1f} %, McNemar p = {p_text(t['McNemar p'])})"
             for t in table)}
 
 

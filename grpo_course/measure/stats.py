@@ -81,11 +81,18 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> dict[str, float
             "difference": mean, "lo": mean - half, "hi": mean + half, "p_value": p}
 
 
+def p_text(p: float, alpha: float = 0.05) -> str:
+    """A p-value to two significant digits (``5e-09``, ``0.18``), or three where two would round it
+    across ``alpha``: 0.0497 counts as p < 0.05, so it is not written "0.05"."""
+    two = f"{p:.2g}"
+    return f"{p:.3g}" if (float(two) < alpha) != (p < alpha) else two
+
+
 def describe_difference(d: dict[str, float], scale: float = 100.0, unit: str = "points") -> str:
     """A :func:`paired_difference` in words: ``+3.1 points (95 % CI +1.0 to +5.2, p = 0.004)``
     (``scale`` 100: a difference of proportions in percentage points)."""
     return (f"{scale * d['difference']:+.1f} {unit} (95 % CI {scale * d['lo']:+.1f} to "
-            f"{scale * d['hi']:+.1f}, p = {d['p_value']:.2g})")
+            f"{scale * d['hi']:+.1f}, p = {p_text(d['p_value'])})")
 
 
 def linear_trend(values: Sequence[float]) -> dict[str, float]:
@@ -135,7 +142,7 @@ def difference_reading(d: dict[str, float]) -> str:
     the smoke profile), and the words say so."""
     if d["lo"] == d["hi"]:
         return "the same change on every problem: no spread to test" if d["difference"] else "no change"
-    return f"{reading(d['difference'], d['p_value'])}, p = {d['p_value']:.2g} (paired by problem)"
+    return f"{reading(d['difference'], d['p_value'])}, p = {p_text(d['p_value'])} (paired by problem)"
 
 
 def trend_words(values: Sequence[float]) -> str:

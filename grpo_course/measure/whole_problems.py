@@ -45,6 +45,7 @@ from grpo_course.measure.stats import (
     as_sentences,
     describe_difference,
     interval_words,
+    p_text,
     reading,
     wilson_interval,
 )
@@ -226,15 +227,15 @@ def verdict_sentence(tests: dict[str, Any], name: str = "the curriculum run", fi
     test = "the test fixed before it trained" if fixed_before else "the same test, applied after it trained"
     if v["passed"]:
         return (f"{name} passed {test}: on whole problems both greedy "
-                f"accuracy and sampled pass@1 rose (p = {g['mcnemar']['p_value']:.2g} and "
-                f"{s['pass_at_1']['p_value']:.2g}) with a format rate of at least {MIN_FORMAT:.0%}")
+                f"accuracy and sampled pass@1 rose (p = {p_text(g['mcnemar']['p_value'])} and "
+                f"{p_text(s['pass_at_1']['p_value'])}) with a format rate of at least {MIN_FORMAT:.0%}")
     parts = (("greedy accuracy", v["greedy_rose"], g["after"] - g["before"], g["mcnemar"]["p_value"]),
              ("sampled pass@1", v["sampled_rose"], s["pass_at_1"]["difference"], s["pass_at_1"]["p_value"]))
-    failed = [f"{what} {'fell' if change < 0 and p < ALPHA else 'did not rise significantly'} (p = {p:.2g})"
+    failed = [f"{what} {'fell' if change < 0 and p < ALPHA else 'did not rise significantly'} (p = {p_text(p)})"
               for what, ok, change, p in parts if not ok]
     if not v["format_ok"]:
         failed.append(f"the format rate fell below {MIN_FORMAT:.0%}")
-    held = [f"{what} rose (p = {p:.2g})" for what, ok, change, p in parts if ok]
+    held = [f"{what} rose (p = {p_text(p)})" for what, ok, change, p in parts if ok]
     return (f"{name} did not pass {test}: {'; '.join(failed)}"
             + (f", while {' and '.join(held)}" if held else ""))
 
@@ -292,7 +293,7 @@ def answers_sentence(tests: dict[str, Any]) -> str:
     g, chance = tests["greedy"], tests["chance"]
     m, a, b = g["mcnemar"], g["answers"]["a"], g["answers"]["b"]
     return (f"greedy accuracy {100 * g['before']:.1f} → {100 * g['after']:.1f} % (n = {g['n']}; "
-            f"{m['b_only']} problems gained, {m['a_only']} lost, McNemar p = {m['p_value']:.2g}); "
+            f"{m['b_only']} problems gained, {m['a_only']} lost, McNemar p = {p_text(m['p_value'])}); "
             f"format {100 * g['format_before']:.0f} → {100 * g['format_after']:.0f} %; right equations "
             f"per answer {right_equations_per_answer(a):.2f} → {right_equations_per_answer(b):.2f}; right "
             f"answers earned by right arithmetic {a['earned']} → {b['earned']} problems; a guesser that "
@@ -346,7 +347,7 @@ def shipped_sentence(reference_fixed: dict[str, Any] | None, curriculum: dict[st
         return "no test on whole problems has been run yet (make reference-run; python bench/curriculum_test.py)"
     # one sentence a test: a list of five tests in one sentence is past what a reader holds
     said = [f"{r['run']}, {r['test']}: {r['warm start %']:.1f} → {r['run %']:.1f} % "
-            f"({r['interval or pairs']}, p = {r['p']:.2g}: {r['reading']})" for r in rows]
+            f"({r['interval or pairs']}, p = {p_text(r['p'])}: {r['reading']})" for r in rows]
     rose, fell = (sum(r["reading"] == word for r in rows) for word in ("rose", "fell"))
     if len(rows) == 1:
         word = rows[0]["reading"]
@@ -426,7 +427,7 @@ def validation_sentence(points: list[dict[str, Any]], samples: int) -> str:
             if change:
                 risen += [p["step"]] if change["reading"] == "rose" else []
                 text += (f" ({change['gained']} gained, {change['lost']} lost, McNemar p = "
-                         f"{change['p_value']:.2g}: {change['reading']})")
+                         f"{p_text(change['p_value'])}: {change['reading']})")
             text += ", "
         text += f"one line left pass@1 {100 * p1['mean']:.1f} %" + ("" if parts else f" ({samples} samples a problem)")
         if "vs_step_0" in p:

@@ -38,7 +38,7 @@ from grpo_course.infra import hardware
 from grpo_course.infra.atomic import atomic_write
 from grpo_course.infra.errors import CourseError
 from grpo_course.infra.progress import tqdm
-from grpo_course.measure.stats import mcnemar_test, paired_difference, reading
+from grpo_course.measure.stats import mcnemar_test, p_text, paired_difference, reading
 
 EWC_FILE = "ewc.safetensors"
 
@@ -175,12 +175,12 @@ def accuracy_reading(d: Mapping[str, Any], between: bool = False) -> str:
     if unchanged(d):
         return (f"showed no difference (the two runs solved the same of the {d['n']} problems)" if between
                 else f"did not change (no problem of the {d['n']} changed sides)")
-    return f"{moved(d['change'], d['p_value'], between)} ({d['change']:+.1f} points, McNemar p = {d['p_value']:.2g})"
+    return f"{moved(d['change'], d['p_value'], between)} ({d['change']:+.1f} points, McNemar p = {p_text(d['p_value'])})"
 
 
 def likelihood_reading(g: Mapping[str, Any], between: bool = False) -> str:
     """What one paired log-likelihood test (:func:`likelihood_change`) says, from its paired t p."""
-    return f"{moved(g['change'], g['p_value'], between)} ({g['change']:+.3f} nats/token, p = {g['p_value']:.2g})"
+    return f"{moved(g['change'], g['p_value'], between)} ({g['change']:+.3f} nats/token, p = {p_text(g['p_value'])})"
 
 
 def accuracy_change_text(d: Mapping[str, Any], levels: bool = True) -> str:
@@ -192,7 +192,7 @@ def accuracy_change_text(d: Mapping[str, Any], levels: bool = True) -> str:
         return f"{lead} (no problem of the {d['n']} changed, so this test cannot show a change)"
     change = f"{d['change']:+.1f} points, " if levels else ""
     return (f"{lead} ({change}95 % CI [{d['lo']:+.1f}, {d['hi']:+.1f}], {d['lost']} lost, "
-            f"{d['gained']} gained, p = {d['p_value']:.2g})")
+            f"{d['gained']} gained, p = {p_text(d['p_value'])})")
 
 
 def gold_continuation(row: Mapping[str, Any]) -> str:
