@@ -159,6 +159,7 @@ def plot_cost_curve(sweep: Sequence[dict], length: int = 128, num_generations: i
                 ax.annotate(f"{c:.2f}/s", (x, y), textcoords="offset points", xytext=(4, 4),
                             fontsize=7)
         ax.set(xlabel=label, ylabel="seconds per step")
+        ax.margins(x=0.15, y=0.15)      # room for the last point's label inside the axes
     axes[0].set_title("cost vs group size (labels: completions/s)", fontsize=9)
     axes[1].set_title("cost vs completion budget", fontsize=9)
     fig.tight_layout()

@@ -225,7 +225,8 @@ def plot_memory_timeline(sampler: RSSSampler, ax=None):
         ax.scatter(part["t"], part["rss_mib"], s=6, label=name, color=f"C{i}", zorder=2)
     ax.set_xlabel("seconds")
     ax.set_ylabel("RSS (MiB)")
-    ax.legend(fontsize=8, markerscale=2, loc="upper left", ncol=3)
+    # beside the axes, not over them: the first step's plateau sits where an inside legend would go
+    ax.legend(fontsize=8, markerscale=2, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     return ax
 
 
