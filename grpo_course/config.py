@@ -136,6 +136,11 @@ class GRPOConfig:
         "help": "Sampling temperature (TRL's default, 1.0: the policy's own distribution, which the "
                 "ratio assumes)."})
     top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling: keep this much probability mass."})
+    calculator: bool = field(default=False, metadata={
+        "help": "GSM8K's calculator (Cobbe et al. 2021; nanochat): SFT targets and gold starts keep "
+                "the <<48/2=24>> annotations, and every sampler call of the run (training, pool "
+                "screening) lets the tool write the result where an annotation reaches '='. The "
+                "tool's tokens leave the loss (TRL's tool_mask), in SFT and in GRPO."})
     generation_batch_size: int | None = field(default=None, metadata={
         "help": "Completions sampled per sampling round (a multiple of G); none: "
                 "per_step_completions. With dynamic sampling, more than a step trains on: "

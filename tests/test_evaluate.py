@@ -395,7 +395,7 @@ def test_sampled_records_count_right_and_formatted_answers(monkeypatch):
     mask = torch.tensor([[1, 1, 0, 0, 0]] * 4 + [[1, 0, 0, 0, 0]] * 4)[:, :3]
     logps = (-0.5 * torch.tensor([[1, 1, 0, 9, 9]] * 4 + [[1, 0, 0, 9, 9]] * 4))[:, :3]
     assert not mask.is_contiguous()
-    batch = SimpleNamespace(completions=texts, completion_mask=mask, sampling_logps=logps)
+    batch = SimpleNamespace(completions=texts, completion_mask=mask, model_mask=mask, sampling_logps=logps)
     monkeypatch.setattr(pool, "sampled_blocks", lambda *a, **k: iter([(rows, batch)]))
     records = pool.sampled_records(None, None, rows, 4, 64)
     assert records == [{"idx": 7, "difficulty": "basic", "right": 2, "formatted": 3, "nll": 4.0, "tokens": 8},

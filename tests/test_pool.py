@@ -97,7 +97,7 @@ def test_the_screening_decodes_a_sampling_round_at_a_time(monkeypatch, tmp_path)
     seen = []
 
     def screen(model, tokenizer, rows, samples, max_new_tokens, lines_left, temperature, seed,
-               sampling_dtype, batch_prompts, progress):
+               sampling_dtype, batch_prompts, progress, calculator=False):
         seen.append((batch_prompts, len(rows["question"])))      # a round's prompts at a time
         return [1] * len(rows["question"])
     monkeypatch.setattr(pool_module, "screen_prompts", screen)
@@ -114,7 +114,7 @@ def test_a_screening_stopped_part_way_goes_on_and_ends_as_one_run_would(monkeypa
     seeds, stop_after = [], [None]
 
     def screen(model, tokenizer, rows, samples, max_new_tokens, lines_left, temperature, seed,
-               sampling_dtype, batch_prompts, progress):
+               sampling_dtype, batch_prompts, progress, calculator=False):
         if stop_after[0] is not None and len(seeds) == stop_after[0]:
             raise KeyboardInterrupt                      # the session ends part way
         seeds.append(seed)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_course.core.answers import extract_hash_answer, normalize_number
+from grpo_course.core.calculator import calculator_solution
 from grpo_course.infra.errors import CourseError
 from grpo_course.infra.progress import library_bars_off
 
@@ -196,23 +197,26 @@ def strip_calculations(solution: str) -> str:
 
 
 # ---------------------------------------------------------------- reverse-curriculum starts
-def work_lines(solution: str) -> list[str]:
-    """The work lines of a GSM8K solution (before ``####``), calculator annotations removed.
+def work_lines(solution: str, calculator: bool = False) -> list[str]:
+    """The work lines of a GSM8K solution (before ``####``), calculator annotations removed, or
+    with ``calculator`` kept as the calculator writes them
+    (:func:`~grpo_course.core.calculator.calculator_solution`).
 
     >>> work_lines("48/2 = <<48/2=24>>24\\n48+24 = <<48+24=72>>72\\n#### 72")
     ['48/2 = 24', '48+24 = 72']
     """
-    work = strip_calculations((solution or "").rsplit("####", 1)[0])
+    work = (solution or "").rsplit("####", 1)[0]
+    work = calculator_solution(work) if calculator else strip_calculations(work)
     return [line.strip() for line in work.splitlines() if line.strip()]
 
 
-def gold_start(solution: str, lines_left: int | None) -> str | None:
+def gold_start(solution: str, lines_left: int | None, calculator: bool = False) -> str | None:
     """The beginning of the assistant's answer that leaves ``lines_left`` work lines (and the
     ``#### N`` line) to write: the gold solution's first lines, one per line, each ending in a
     newline (R3's reverse curriculum, arXiv 2402.05808). ``None`` (or as many lines as the
     solution has) is the whole problem: an empty start. A solution with fewer work lines than
-    ``lines_left`` has no such start: ``None``."""
-    lines = work_lines(solution)
+    ``lines_left`` has no such start: ``None``. ``calculator``: the lines keep their annotations."""
+    lines = work_lines(solution, calculator)
     if lines_left is None:
         return ""
     check_lines_left(lines_left)
@@ -229,7 +233,8 @@ def check_lines_left(lines_left) -> int:
     return lines_left
 
 
-def gold_starts(dataset, lines_left: int | None, strata: Iterable[str] | None = None):
+def gold_starts(dataset, lines_left: int | None, strata: Iterable[str] | None = None,
+                calculator: bool = False):
     """The rows of ``dataset`` (from :func:`load_gsm8k`) as starts: a ``start`` column (the
     answer's given beginning, see :func:`gold_start`) and a ``lines_left`` column (work lines
     the model writes; a whole problem's is its ``num_steps``). Rows of other ``strata`` and rows
@@ -244,7 +249,7 @@ def gold_starts(dataset, lines_left: int | None, strata: Iterable[str] | None = 
     for i, row in enumerate(dataset):
         if strata is not None and row["difficulty"] not in strata:
             continue
-        start = gold_start(row["solution"], lines_left)
+        start = gold_start(row["solution"], lines_left, calculator)
         if start is None:
             continue
         keep.append(i)
@@ -253,7 +258,7 @@ def gold_starts(dataset, lines_left: int | None, strata: Iterable[str] | None = 
     return _with_columns(dataset.select(keep), {"start": starts, "lines_left": left})
 
 
-def mixed_starts(dataset, starts: list[int | None]):
+def mixed_starts(dataset, starts: list[int | None], calculator: bool = False):
     """``dataset``'s problems, each at each of ``starts`` (``lines_left`` values, ``None`` for the
     whole problem): R3's mix (arXiv 2402.05808), one row a (problem, start) pair, problem by
     problem, with :func:`gold_starts`' ``start`` and ``lines_left`` columns and a ``problem``
@@ -267,7 +272,7 @@ def mixed_starts(dataset, starts: list[int | None]):
     for i, row in enumerate(dataset):
         seen = set()
         for k in starts:
-            start = gold_start(row["solution"], k)
+            start = gold_start(row["solution"], k, calculator)
             if start is None or start in seen:
                 continue
             seen.add(start)
@@ -305,22 +310,24 @@ def start_prompt(row: dict[str, Any], tokenizer, system_prompt: str = SYSTEM_PRO
 
 
 def start_prompts(rows: dict[str, list], tokenizer, system_prompt: str = SYSTEM_PROMPT,
-                  lines_left: int | None = None) -> list[str]:
+                  lines_left: int | None = None, calculator: bool = False) -> list[str]:
     """:func:`start_prompt` of each row of a column batch (``{"question": [...], ...}``): each
     chat prompt, continued by the row's ``start`` column where the batch has one, else by the
     gold start of ``lines_left`` (a problem with that many lines or fewer starts whole)."""
     if lines_left is not None and "start" not in rows:
-        rows = {**rows, "start": [gold_start(sol, lines_left) or "" for sol in rows["solution"]]}
+        rows = {**rows, "start": [gold_start(sol, lines_left, calculator) or ""
+                                  for sol in rows["solution"]]}
     starts = rows.get("start") or [""] * len(rows["question"])
     return [start_prompt({"question": q, "start": s}, tokenizer, system_prompt)
             for q, s in zip(rows["question"], starts, strict=True)]
 
 
 def sft_text(question: str, solution: str, tokenizer,
-             system_prompt: str = SYSTEM_PROMPT) -> tuple[str, str]:
+             system_prompt: str = SYSTEM_PROMPT, calculator: bool = False) -> tuple[str, str]:
     """(prompt, target) for supervised warm-up: the target is the GSM8K solution
-    without calculator annotations, ending with ``#### N`` and the end-of-turn token."""
-    work = strip_calculations(solution)
+    without calculator annotations (with ``calculator``: with them, each result written as the
+    calculator writes it), ending with ``#### N`` and the end-of-turn token."""
+    work = calculator_solution(solution).strip() if calculator else strip_calculations(solution)
     end = tokenizer.eos_token or ""
     return chat_prompt(question, tokenizer, system_prompt), work + end
 

@@ -26,7 +26,8 @@ from grpo_course.infra.progress import tqdm
 
 
 def sampled_blocks(model, tokenizer, rows: list, k: int, max_new_tokens: int, temperature: float,
-                    seed: int, batch_prompts: int, sampling_dtype, desc: str, progress: bool):
+                    seed: int, batch_prompts: int, sampling_dtype, desc: str, progress: bool,
+                    calculator: bool = False):
     """``(chunk, batch)`` for blocks of ``batch_prompts`` problems: ``k`` samples of each (a
     :class:`~grpo_course.core.sampling.SampleBatch`), the block starting at problem ``lo`` drawn with
     seed ``seed + lo``."""
@@ -35,14 +36,15 @@ def sampled_blocks(model, tokenizer, rows: list, k: int, max_new_tokens: int, te
         chunk = rows[lo:lo + batch_prompts]
         batch = sample_completions(model, tokenizer, [start_prompt(r, tokenizer) for r in chunk],
                                    k, max_new_tokens,
-                                   temperature, seed=seed + lo, sampling_dtype=sampling_dtype)
+                                   temperature, seed=seed + lo, sampling_dtype=sampling_dtype,
+                                   calculator=calculator)
         yield chunk, batch
 
 
 def sampled_records(model, tokenizer, dataset, samples: int, max_new_tokens: int,
                     temperature: float = 1.0, seed: int = 0, batch_prompts: int = 4,
                     sampling_dtype: str | None = "auto", progress: bool = True,
-                    desc: str | None = None) -> list[dict[str, Any]]:
+                    desc: str | None = None, calculator: bool = False) -> list[dict[str, Any]]:
     """``samples`` sampled answers to each problem of ``dataset`` (at its ``start``, where the
     rows have one), one record a problem: its ``idx``, ``difficulty``, how many answers were
     ``right`` and ``formatted`` (a ``#### N`` line), and the ``nll`` (nats) of their ``tokens``
@@ -50,9 +52,10 @@ def sampled_records(model, tokenizer, dataset, samples: int, max_new_tokens: int
     records = []
     for chunk, batch in sampled_blocks(model, tokenizer, list(dataset), samples, max_new_tokens,
                                         temperature, seed, batch_prompts, sampling_dtype,
-                                        desc or f"{samples} samples", progress):
-        nll = -(batch.sampling_logps * batch.completion_mask).reshape(len(chunk), -1).sum(1)
-        tokens = batch.completion_mask.reshape(len(chunk), -1).sum(1)
+                                        desc or f"{samples} samples", progress, calculator):
+        # the model's own tokens: the calculator's have no sampling log-prob
+        nll = -(batch.sampling_logps * batch.model_mask).reshape(len(chunk), -1).sum(1)
+        tokens = batch.model_mask.reshape(len(chunk), -1).sum(1)
         for j, r in enumerate(chunk):
             answers = [extract_hash_answer(t) for t in batch.completions[j * samples:(j + 1) * samples]]
             records.append({"idx": r.get("idx"), "difficulty": r.get("difficulty"),
@@ -65,12 +68,12 @@ def sampled_records(model, tokenizer, dataset, samples: int, max_new_tokens: int
 def correct_counts(model, tokenizer, dataset, samples: int, max_new_tokens: int,
                    temperature: float = 1.0, seed: int = 0, batch_prompts: int = 4,
                    sampling_dtype: str | None = "auto", progress: bool = True,
-                   desc: str | None = None) -> list[int]:
+                   desc: str | None = None, calculator: bool = False) -> list[int]:
     """How many of ``samples`` sampled answers to each problem of ``dataset`` are right (at its
     ``start``, where the rows have one): what pass@k and the mixed groups are estimated from."""
     return [r["right"] for r in sampled_records(model, tokenizer, dataset, samples, max_new_tokens,
                                                 temperature, seed, batch_prompts, sampling_dtype,
-                                                progress, desc)]
+                                                progress, desc, calculator)]
 
 
 def mixed_ids(ids: list[int], correct: list[int], samples: int) -> list[int]:
@@ -81,16 +84,17 @@ def mixed_ids(ids: list[int], correct: list[int], samples: int) -> list[int]:
 def screen_prompts(model, tokenizer, rows: dict[str, list], samples: int, max_new_tokens: int,
                    lines_left: int | None, temperature: float = 1.0, seed: int = 0,
                    sampling_dtype: str = "auto", batch_prompts: int = 8,
-                   progress: bool = True) -> list[int]:
+                   progress: bool = True, calculator: bool = False) -> list[int]:
     """How many of ``samples`` sampled answers to each prompt of ``rows`` (columns) are right,
     each prompt at the trainer's start (its gold start of ``lines_left``; a problem with that
     many lines or fewer starts whole), or at the rows' own ``start`` where they have one
     (``start_mix``)."""
-    starts = rows.get("start") or [gold_start(s, lines_left) or "" for s in rows["solution"]]
+    starts = rows.get("start") or [gold_start(s, lines_left, calculator) or "" for s in rows["solution"]]
     problems = [{"question": q, "answer": a, "start": s}
                 for q, a, s in zip(rows["question"], rows["answer"], starts, strict=True)]
     return correct_counts(model, tokenizer, problems, samples, max_new_tokens, temperature,
-                          seed, batch_prompts, sampling_dtype, progress, "screening the pool")
+                          seed, batch_prompts, sampling_dtype, progress, "screening the pool",
+                          calculator)
 
 
 def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int],
@@ -111,7 +115,8 @@ def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int
            "temperature": config.temperature,
            "seed": config.seed, "batch_prompts": batch_prompts,
            "dtype": str(resolve_sampling_dtype(config.sampling_dtype) or "float32"),
-           "code": code_fingerprint("grpo_course.core.pool")}
+           "code": code_fingerprint("grpo_course.core.pool"),
+           **({"calculator": True} if config.calculator else {})}
     path = keyed_cache_file("pools", key)
     stored = read_cached(path, lambda s: s["ids"] == ids and len(s["correct"]) == len(ids))
     if stored is not None:
@@ -128,7 +133,7 @@ def screened_pool(model, tokenizer, config, rows: dict[str, list], ids: list[int
             correct += screen_prompts(model, tokenizer, {k: v[lo:lo + batch_prompts] for k, v in rows.items()},
                                       samples, config.max_completion_length, config.lines_left,
                                       config.temperature, config.seed + lo, config.sampling_dtype,
-                                      batch_prompts, False)
+                                      batch_prompts, False, config.calculator)
             seconds += time.perf_counter() - start
             write_json_atomic(partial, {"ids": ids, "correct": correct, "seconds": seconds})
             bar.update(len(correct) - bar.n)

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from grpo_course.config import SAMPLING_DTYPES
+from grpo_course.core.calculator import CalculatorRows, calculator_for
 from grpo_course.infra import hardware, memory
 from grpo_course.infra.progress import tqdm
 
@@ -52,6 +53,15 @@ class SampleBatch:
     num_generations: int
     truncated: torch.Tensor         # [P*G] True where the length limit came before EOS
     sampling_dtype: torch.dtype = torch.float32   # precision of the weights that drew the tokens
+    # [P*G, T] TRL's name: 1 where the model chose the token, 0 where the calculator forced it
+    # (no sampling log-prob there; the loss leaves it out). None: all the model's.
+    tool_mask: torch.Tensor | None = None
+
+    @property
+    def model_mask(self) -> torch.Tensor:
+        """[P*G, T] 1 on the tokens the model chose (``completion_mask`` times ``tool_mask``):
+        the tokens the loss counts."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * self.tool_mask
 
     @property
     def completion_lengths(self) -> torch.Tensor:
@@ -66,7 +76,8 @@ class SampleBatch:
         return SampleBatch(self.prompt_ids[groups], self.prompt_mask[groups],
                            self.completion_ids[rows, :T], self.completion_mask[rows, :T],
                            self.sampling_logps[rows, :T], picked, G, self.truncated[rows],
-                           self.sampling_dtype)
+                           self.sampling_dtype,
+                           None if self.tool_mask is None else self.tool_mask[rows, :T])
 
 
 def _pad(t: torch.Tensor, width: int, left: bool) -> torch.Tensor:
@@ -91,7 +102,10 @@ def concat_batches(batches: list[SampleBatch]) -> SampleBatch:
         torch.cat([_pad(b.completion_mask, T, False) for b in batches]),
         torch.cat([_pad(b.sampling_logps, T, False) for b in batches]),
         [t for b in batches for t in b.completions], batches[0].num_generations,
-        torch.cat([b.truncated for b in batches]), batches[0].sampling_dtype)
+        torch.cat([b.truncated for b in batches]), batches[0].sampling_dtype,
+        None if all(b.tool_mask is None for b in batches)
+        else torch.cat([_pad(torch.ones_like(b.completion_mask) if b.tool_mask is None else b.tool_mask,
+                        T, False) for b in batches]))
 
 
 def _choose(logits: torch.Tensor, temperature: float, top_p: float,
@@ -512,14 +526,16 @@ class _HFDecoder:
 
 
 def _decode_into(decoder, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G: int,
-                 out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], temperature: float,
-                 top_p: float, generator, eos: torch.Tensor, pad_id: int, bar=None):
+                 out: tuple[torch.Tensor, ...], temperature: float,
+                 top_p: float, generator, eos: torch.Tensor, pad_id: int, bar=None,
+                 tool: CalculatorRows | None = None):
     """Prefill the prompts, then pick and decode one token per step into ``out`` (the chosen
-    tokens, their sampling log-probs and the live mask, ``[B, max_new_tokens]``) until every row
-    reached an EOS or the budget (``bar``, a tqdm bar, advances a token a step). Returns the last
-    step, the original row of each row still decoding and whether it was still alive (cut at the
-    budget)."""
-    tokens_out, logps_out, live_out = out
+    tokens, their sampling log-probs, the live mask and the tool mask, ``[B, max_new_tokens]``)
+    until every row reached an EOS or the budget (``bar``, a tqdm bar, advances a token a step).
+    With ``tool`` (the calculator's rows), a row's forced tokens replace its drawn ones. Returns
+    the last step, the original row of each row still decoding and whether it was still alive
+    (cut at the budget)."""
+    tokens_out, logps_out, live_out, tool_out = out
     B, max_new_tokens = tokens_out.shape
     decoder.allocate(B, max_new_tokens)
 
@@ -536,10 +552,17 @@ def _decode_into(decoder, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, G
         # the samples, do not depend on when rows left the batch
         uniform = torch.rand(B, 1, generator=generator)[rows] if temperature > 0 else None
         tokens, logps = _choose(logits, temperature, top_p, uniform)
+        # the calculator's result: forced in place of the draw (the draw is still made, so the
+        # rows' later draws do not depend on where the tool wrote)
+        forced = tool.force(rows, tokens, logps) if tool is not None else None
         tokens = torch.where(alive, tokens, torch.full_like(tokens, pad_id))
         tokens_out[rows, step] = tokens
         logps_out[rows, step] = torch.where(alive, logps, torch.zeros_like(logps))
         live_out[rows, step] = alive.long()
+        if forced is not None:
+            tool_out[rows, step] = (~forced).long()
+        if tool is not None:
+            tool.observe(step, rows, tokens, tokens_out, forced)
         alive = alive & ~torch.isin(tokens, eos)
         if bar is not None:
             bar.update(1)
@@ -561,13 +584,15 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
                        top_p: float = 1.0, seed: int | None = None,
                        fast: bool | None = None,
                        sampling_dtype: str | torch.dtype | None = None,
-                       progress: str | None = None) -> SampleBatch:
+                       progress: str | None = None, calculator: bool = False) -> SampleBatch:
     """Sample ``num_generations`` completions for each prompt text (``temperature=0``
     is greedy). Stops each sequence at the tokenizer's EOS and the loop when all did.
     ``fast=None`` picks the compact decoder when the model supports it;
     ``sampling_dtype`` (``None`` = the model's dtype, ``"auto"``, ``"bfloat16"``) sets the
     compact decoder's weight precision. ``progress``, a description, shows a bar of the tokens
-    decoded (for a call long enough to need one)."""
+    decoded (for a call long enough to need one). ``calculator`` turns on GSM8K's calculator
+    (:mod:`grpo_course.core.calculator`): where an annotation ``<<48/2=`` is open, the tool writes
+    ``24>>`` and the batch's ``tool_mask`` is 0 on those tokens."""
     if num_generations < 1 or max_new_tokens < 1:
         raise ValueError("num_generations and max_new_tokens must be >= 1")
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
@@ -584,6 +609,8 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
     tokens_out = torch.full((B, max_new_tokens), pad_id, dtype=torch.long)
     logps_out = torch.zeros(B, max_new_tokens)
     live_out = torch.zeros(B, max_new_tokens, dtype=torch.long)
+    tool_out = torch.ones(B, max_new_tokens, dtype=torch.long)
+    tool = calculator_for(tokenizer, _vocab_size(model)).rows(B) if calculator else None
     # inference mode: cheaper per decoding step than no_grad (no version counters,
     # no view tracking); what leaves it is written into these three ordinary tensors, which the
     # training pass may save for its backward pass (an inference tensor may not be)
@@ -592,8 +619,9 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
         bar = tqdm(total=max_new_tokens, desc=progress, unit="token") if progress else None
         try:
             step, rows, alive = _decode_into(decoder, prompt_ids, prompt_mask,
-                                             num_generations, (tokens_out, logps_out, live_out),
-                                             temperature, top_p, generator, eos, pad_id, bar)
+                                             num_generations,
+                                             (tokens_out, logps_out, live_out, tool_out),
+                                             temperature, top_p, generator, eos, pad_id, bar, tool)
         finally:
             if bar is not None:
                 bar.close()
@@ -608,4 +636,8 @@ def sample_completions(model, tokenizer, prompts: list[str], num_generations: in
                        completion_ids=completion_ids, completion_mask=completion_mask,
                        sampling_logps=logps_out[:, :T], completions=texts,
                        num_generations=num_generations, truncated=truncated,
-                       sampling_dtype=dtype)
+                       sampling_dtype=dtype, tool_mask=tool_out[:, :T])
+
+
+def _vocab_size(model) -> int | None:
+    return getattr(getattr(model, "config", None), "vocab_size", None)

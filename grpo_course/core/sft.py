@@ -14,6 +14,7 @@ from typing import Any, Self
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from grpo_course.core.calculator import tool_spans, tool_token_mask
 from grpo_course.core.checkpoints import load_adapter_state
 from grpo_course.core.data import sft_text
 from grpo_course.core.policy import per_token_logps
@@ -37,13 +38,16 @@ class SFTWarmup:
     def sft_step(self, rows: dict[str, list], optimizer) -> dict[str, Any]:
         """One supervised step on GSM8K solutions (loss on the solution tokens only)."""
         start = time.perf_counter()
-        pairs = [sft_text(q, s, self.tokenizer) for q, s in zip(rows["question"], rows["solution"], strict=False)]
+        calc = self.config.calculator
+        pairs = [sft_text(q, s, self.tokenizer, calculator=calc)
+                 for q, s in zip(rows["question"], rows["solution"], strict=False)]
         self.tokenizer.padding_side = "left"
         enc = self.tokenizer([p for p, _ in pairs], return_tensors="pt", padding=True,
                              add_special_tokens=False)
         self.tokenizer.padding_side = "right"
         tgt = self.tokenizer([t for _, t in pairs], return_tensors="pt", padding=True,
-                             add_special_tokens=False, truncation=True, max_length=SFT_MAX_TOKENS)
+                             add_special_tokens=False, truncation=True, max_length=SFT_MAX_TOKENS,
+                             return_offsets_mapping=calc)
         self.tokenizer.padding_side = "left"
         self.model.train()
         # bf16 autocast (``sft_dtype``): matmuls in bf16, weights, log-softmax and AdamW in fp32
@@ -51,6 +55,8 @@ class SFTWarmup:
             logps = per_token_logps(self.model, enc["input_ids"], enc["attention_mask"],
                                     tgt["input_ids"], tgt["attention_mask"])
         mask = tgt["attention_mask"].float()
+        if calc:     # the results the calculator writes are read, not learned (nanochat's mask)
+            mask = mask * tool_token_mask(tgt["offset_mapping"], [tool_spans(t) for _, t in pairs])
         loss = -(logps * mask).sum() / mask.sum()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)

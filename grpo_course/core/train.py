@@ -121,7 +121,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         cfg = self.config
         if not cfg.start_mix:
             return train_dataset, prompt_order(train_dataset, self.order, cfg.prompt_order)
-        pairs = mixed_starts(train_dataset, cfg.starts)
+        pairs = mixed_starts(train_dataset, cfg.starts, cfg.calculator)
         return pairs, prompt_order(pairs, self._shuffled(len(pairs)), cfg.prompt_order)
 
     def _phase(self, name: str):
@@ -154,7 +154,8 @@ class CourseTrainer(SFTWarmup, TrainingRun):
     def prompts(self, rows: dict[str, list]) -> list[str]:
         """The prompt texts of ``rows``, at their ``start`` (``start_mix``) or ``config.lines_left``'s gold start
         (:func:`grpo_course.core.data.start_prompts`)."""
-        return start_prompts(rows, self.tokenizer, lines_left=self.config.lines_left)
+        return start_prompts(rows, self.tokenizer, lines_left=self.config.lines_left,
+                             calculator=self.config.calculator)
 
     def _generate_and_score_completions(self, rows: dict[str, list]) -> dict[str, Any]:
         """Sample G completions per prompt of ``rows``, score them, and return TRL's ``inputs``:
@@ -172,7 +173,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                     self.model, self.tokenizer, self.prompts(rows), G,
                     cfg.max_completion_length, cfg.temperature, cfg.top_p,
                     seed=self.sampling_seed(rounds),
-                    sampling_dtype=cfg.sampling_dtype)
+                    sampling_dtype=cfg.sampling_dtype, calculator=cfg.calculator)
             with self._phase("rewards"):
                 rewards, per_func = self._score(batch, rows)
             rounds += 1
@@ -227,6 +228,9 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         inputs = {"prompt_ids": batch.prompt_ids, "prompt_mask": batch.prompt_mask,     # [P, Lp]
                   "completion_ids": batch.completion_ids,                            # [P*G, T]
                   "completion_mask": self._loss_mask(batch),
+                  # 0 on the calculator's tokens: attended to, but no part of the loss (TRL's key)
+                  "tool_mask": batch.tool_mask if batch.tool_mask is not None
+                  else torch.ones_like(batch.completion_mask),
                   "advantages": group_advantages(rewards, cfg.num_generations, cfg.scale_rewards),
                   "sampling_per_token_logps": batch.sampling_logps,
                   # the sampler's, where it drew at the training pass's precision; else None:
@@ -327,10 +331,11 @@ class CourseTrainer(SFTWarmup, TrainingRun):
             T = max(int(inputs["completion_mask"][rows].sum(1).max()), 1)
             micro = {key: inputs[key][in_pass] for key in ("prompt_ids", "prompt_mask")}
             micro.update({key: None if inputs[key] is None else inputs[key][rows, :T]
-                          for key in ("completion_ids", "completion_mask", "sampling_per_token_logps",
-                                      "old_per_token_logps", "ref_per_token_logps")})
+                          for key in ("completion_ids", "completion_mask", "tool_mask",
+                                      "sampling_per_token_logps", "old_per_token_logps",
+                                      "ref_per_token_logps")})
             micro["advantages"] = inputs["advantages"][rows]
-            micro["loss_scale"] = dropped_groups_scale(self.config.loss_type, rows, inputs["completion_mask"])
+            micro["loss_scale"] = dropped_groups_scale(self.config.loss_type, rows, loss_mask(inputs))
             passes.append(micro)
         return passes
 
@@ -353,7 +358,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
             if micro_batches:
                 rows_trained = inputs["groups_to_train"].repeat_interleave(cfg.num_generations)
                 metrics.update(pass_means(self._metrics, cfg.loss_type, rows_trained,
-                                          inputs["completion_mask"]))
+                                          loss_mask(inputs)))
                 loss = torch.tensor(self._metrics["loss"])
             if self.penalty is not None:
                 extra = self.penalty(self.model)
@@ -373,11 +378,14 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         weighed by its share of the batch, as TRL's ``compute_loss``; :meth:`_update` runs its
         backward. Adds the pass's token sums to ``self._metrics``: the weighed loss, the real
         tokens, the entropy, the sampler's log-prob gap and the loss's metrics."""
-        cfg, mask = self.config, inputs["completion_mask"]
+        cfg = self.config
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self._train_in_bf16()):
             logps, entropy = per_token_logps(model, inputs["prompt_ids"], inputs["prompt_mask"],
-                                             inputs["completion_ids"], mask, cfg.temperature,
-                                             return_entropy=True)
+                                             inputs["completion_ids"], inputs["completion_mask"],
+                                             cfg.temperature, return_entropy=True)
+        # the tokens the model chose: the calculator's are attended to above, and leave the loss,
+        # the KL, the clip and entropy statistics here (TRL: completion_mask * tool_mask)
+        mask = loss_mask(inputs)
         if inputs["old_per_token_logps"] is None:
             # the policy before this batch's first update: kept for the batch's later updates
             inputs["old_per_token_logps"] = logps.detach()
@@ -420,6 +428,12 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         and, under bf16, each norm's output cast once (saves a cast at every later use)."""
         with self.training_attention(), norms_cast_once(self.model, bf16):
             yield
+
+
+def loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
+    """The tokens the loss counts: ``completion_mask`` times ``tool_mask`` (where there is one)."""
+    tool = inputs.get("tool_mask")
+    return inputs["completion_mask"] if tool is None else inputs["completion_mask"] * tool
 
 
 def main(argv: list[str] | None = None) -> int:

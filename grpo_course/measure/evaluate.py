@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from grpo_course.config import SAMPLING_DTYPES, START_BUDGETS, ConfigError, get_profile
@@ -138,6 +139,8 @@ class EvalResult:
                 "accuracy_ci95": list(self.accuracy_ci95), "format_rate": self.format_rate,
                 "format_ci95": list(self.format_ci95),
                 "mean_completion_tokens": sum(lengths) / len(lengths) if lengths else 0.0,
+                "tool_results_per_answer": sum(r.get("tool_results", 0) for r in self.records)
+                / len(self.records) if self.records else 0.0,
                 "cached": self.cached,
                 "by_stratum": self.by_stratum(), "seconds": round(self.seconds, 2)}
 
@@ -156,7 +159,8 @@ def _usable(stored: dict[str, Any]) -> bool:
 def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_tokens: int = 256,
                    system_prompt: str = SYSTEM_PROMPT, progress: bool = True,
                    name: str = "", sampling_dtype: str | None = "auto",
-                   cache: bool = False, fast: bool | None = None) -> EvalResult:
+                   cache: bool = False, fast: bool | None = None,
+                   calculator: bool = False) -> EvalResult:
     """Greedy-decode every problem of ``dataset`` (from :func:`load_gsm8k`) and score it.
 
     Rows are decoded in blocks of :data:`EVAL_BLOCK`, batched by prompt length within a block
@@ -169,6 +173,8 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
     deterministic, so with ``cache=True`` each block's records are stored under
     ``cache_dir()/evals`` and reused when the weights (their fingerprint), the block's prompts and
     the decoding settings are all identical; ``cached`` is true when every block was.
+    ``calculator``: GSM8K's calculator writes each annotation's result
+    (:mod:`grpo_course.core.calculator`); without it the model writes its own.
     """
 
     if batch_size <= 0 or max_new_tokens <= 0:
@@ -188,7 +194,8 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
             key = {"weights": fingerprint, "prompts": block_prompts,
                    "gold": [r["answer"] for r in block], "batch_size": batch_size,
                    "max_new_tokens": max_new_tokens, "dtype": str(dtype),
-                   "code": code, **({} if fast is None else {"fast": fast})}
+                   "code": code, **({} if fast is None else {"fast": fast}),
+                   **({"calculator": True} if calculator else {})}
             path = keyed_cache_file("evals", key, digits=32)
             stored = read_cached(path, _usable)
             if stored is not None:
@@ -198,7 +205,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
                 continue
         start = time.perf_counter()
         done = _decode_block(model, tokenizer, block, block_prompts, lo, batch_size,
-                             max_new_tokens, dtype, bar, fast)
+                             max_new_tokens, dtype, bar, fast, calculator)
         spent = time.perf_counter() - start
         if path is not None:
             write_json_atomic(path, {"key": {k: v for k, v in key.items() if k != "prompts"},
@@ -211,9 +218,11 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
 
 
 def _decode_block(model, tokenizer, rows, prompts, first: int, batch_size: int,
-                  max_new_tokens: int, dtype, bar, fast: bool | None = None) -> list[dict[str, Any]]:
+                  max_new_tokens: int, dtype, bar, fast: bool | None = None,
+                  calculator: bool = False) -> list[dict[str, Any]]:
     """Greedy answers and scores of one block of rows (``first``: the block's first row in the
-    data set, the ``idx`` of rows without one), in the rows' order."""
+    data set, the ``idx`` of rows without one), in the rows' order; ``tool_results``: the
+    results the calculator wrote into each answer."""
 
     order = sorted(range(len(rows)), key=lambda i: len(prompts[i]))
     records: list[dict[str, Any] | None] = [None] * len(rows)
@@ -221,8 +230,10 @@ def _decode_block(model, tokenizer, rows, prompts, first: int, batch_size: int,
         chunk = order[lo:lo + batch_size]
         batch = sample_completions(model, tokenizer, [prompts[i] for i in chunk],
                                    num_generations=1, max_new_tokens=max_new_tokens,
-                                   temperature=0.0, sampling_dtype=dtype, fast=fast)
+                                   temperature=0.0, sampling_dtype=dtype, fast=fast,
+                                   calculator=calculator)
         lengths = batch.completion_lengths.tolist()
+        tool_results = forced_results(batch).tolist()
         for j, i in enumerate(chunk):
             row, text = rows[i], batch.completions[j]
             predicted = extract_hash_answer(text)
@@ -232,13 +243,25 @@ def _decode_block(model, tokenizer, rows, prompts, first: int, batch_size: int,
                           "predicted": predicted, "formatted": predicted is not None,
                           "correct": answers_match(predicted, row["answer"]),
                           "consistent": work_consistent(text),
-                          "completion_tokens": int(lengths[j]), "completion": text}
+                          "completion_tokens": int(lengths[j]),
+                          "tool_results": int(tool_results[j]), "completion": text}
         bar.update(len(chunk))
     return [r for r in records if r is not None]
 
 
+def forced_results(batch) -> torch.Tensor:
+    """[rows] how many results the calculator wrote into each completion of ``batch`` (runs of
+    forced tokens)."""
+    tool = getattr(batch, "tool_mask", None)
+    forced = batch.completion_mask * (1 - tool) if tool is not None \
+        else torch.zeros_like(batch.completion_mask)
+    starts = forced[:, 1:] > forced[:, :-1]
+    return forced[:, 0] + starts.sum(1)
+
+
 def held_out_rows(split: str = "test", n: int = 200, offset: int = 0,
-                  data_dir: str | None = None, lines_left: int | None = None):
+                  data_dir: str | None = None, lines_left: int | None = None,
+                  calculator: bool = False):
     """``n`` problems of ``split`` from row ``offset`` on; with ``lines_left`` at the gold start
     that leaves that many work lines (problems with fewer are skipped, and a line on stderr says
     how many). A :class:`ValueError` naming the option when nothing is left."""
@@ -248,7 +271,7 @@ def held_out_rows(split: str = "test", n: int = 200, offset: int = 0,
                          f"empty or --offset is past its end")
     if lines_left is None:
         return dataset
-    starts = gold_starts(dataset, check_lines_left(lines_left))
+    starts = gold_starts(dataset, check_lines_left(lines_left), calculator=calculator)
     skipped = len(dataset) - len(starts)
     if len(starts) == 0:
         raise ValueError(f"none of the {len(dataset)} problems has {lines_left} or more work "
@@ -262,27 +285,29 @@ def held_out_rows(split: str = "test", n: int = 200, offset: int = 0,
 def evaluate(model_name: str, split: str = "test", n: int = 200, offset: int = 0,
              data_dir: str | None = None, batch_size: int = 32, max_new_tokens: int = 256,
              progress: bool = True, sampling_dtype: str | None = "auto",
-             lines_left: int | None = None) -> EvalResult:
+             lines_left: int | None = None, calculator: bool = False) -> EvalResult:
     """Load ``model_name`` (bundled name, folder or hub id) and evaluate it greedily on
     ``n`` problems of ``split`` starting at row ``offset`` (:func:`held_out_rows`)."""
 
-    dataset = held_out_rows(split, n, offset, data_dir, lines_left)
+    dataset = held_out_rows(split, n, offset, data_dir, lines_left, calculator)
     model, tokenizer = load_model(model_name)
     return evaluate_model(model, tokenizer, dataset, batch_size=batch_size,
                           max_new_tokens=max_new_tokens, progress=progress, name=model_name,
-                          sampling_dtype=sampling_dtype)
+                          sampling_dtype=sampling_dtype, calculator=calculator)
 
 
 def evaluate_sampled(model_name: str, dataset, samples: int, max_new_tokens: int,
                      temperature: float = 1.0, seed: int = 0, batch_prompts: int = 4,
-                     sampling_dtype: str | None = "auto", progress: bool = True) -> SampledResult:
+                     sampling_dtype: str | None = "auto", progress: bool = True,
+                     calculator: bool = False) -> SampledResult:
     """Load ``model_name`` and sample ``samples`` answers to each problem of ``dataset``
     (:func:`~grpo_course.core.pool.sampled_records`): pass@1 and pass@k of one model."""
     model, tokenizer = load_model(model_name)
     start = time.perf_counter()
     records = sampled_records(model, tokenizer, dataset, samples, max_new_tokens, temperature,
                               seed, batch_prompts, sampling_dtype, progress,
-                              f"{'/'.join(Path(model_name).parts[-2:])}: {samples} samples")   # not a build's path
+                              f"{'/'.join(Path(model_name).parts[-2:])}: {samples} samples",  # not a build's path
+                              calculator)
     return SampledResult(samples, records, time.perf_counter() - start, model_name)
 
 
@@ -521,6 +546,10 @@ def _parser() -> OneLineArgumentParser:
     parser.add_argument("--samples", type=int, default=None, metavar="K",
                         help="sample K answers to each problem (--temperature): right answers "
                              "per problem, pass@1 and pass@K with 95 %% intervals")
+    parser.add_argument("--calculator", action="store_true",
+                        help="GSM8K's calculator writes the result of each <<a*b=>> annotation "
+                             "the model opens (its tokens forced, as when the model trained with "
+                             "it); without it the model writes its own results")
     parser.add_argument("--temperature", type=float, default=1.0, help="with --samples")
     parser.add_argument("--seed", type=int, default=0, help="with --samples: the sampler's seed")
     parser.add_argument("--csv", default=None, help="write per-problem records here")
@@ -573,13 +602,15 @@ def _sampled_main(args, names: list[str], budget: int) -> int:
     """``--samples K``: each model's sampled evaluation, and the paired test with ``--compare``."""
     try:
         quiet_loading()
-        rows = held_out_rows(args.split, args.n, args.offset, args.data_dir, args.lines_left)
+        rows = held_out_rows(args.split, args.n, args.offset, args.data_dir, args.lines_left,
+                             args.calculator)
         if args.compare and len(rows) < 2:
             raise ValueError(f"a paired test needs at least 2 problems; --n {args.n} gives "
                              f"{len(rows)}")
         results = [evaluate_sampled(name, rows, args.samples, budget, args.temperature,
                                     args.seed, sampling_dtype=args.sampling_dtype,
-                                    progress=not args.json) for name in names]
+                                    progress=not args.json, calculator=args.calculator)
+                   for name in names]
         summary = results[0].summary() if len(rows) > 1 else None
     except (ValueError, RuntimeError, OSError) as exc:
         return report(exc)
@@ -620,7 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.append(evaluate(name, args.split, args.n, args.offset, args.data_dir,
                                     args.batch_size, budget, progress=not args.json,
                                     sampling_dtype=args.sampling_dtype,
-                                    lines_left=args.lines_left))
+                                    lines_left=args.lines_left, calculator=args.calculator))
         if args.csv:
             write_csv(results[0], args.csv)
     except (ValueError, RuntimeError, OSError) as exc:   # CourseError: data, model, config
