@@ -21,7 +21,7 @@ NBMAKE_TIMEOUT ?= 1800
 # A kernel started with MPLBACKEND=Agg shows no figures (plt.show() draws nothing into the page).
 unexport MPLBACKEND
 
-.PHONY: help install model static lint quick unit nbmake-smoke browser book-smoke check-install test check-steps book book-check publish assignments bench reference-run curriculum-run clean
+.PHONY: help install model static lint quick unit nbmake-smoke browser book-smoke check-install test check-steps book book-check publish assignments bench reference-run curriculum-run sft-run clean
 
 help:
 	@echo "make book   - execute every chapter (full profile) and build _build/html/index.html"
@@ -33,6 +33,7 @@ help:
 	@echo "make publish - after make book: the Colab edition (_build/colab) and _build/html for GitHub Pages"
 	@echo "make reference-run - the reference GRPO run (hours, resumable) -> data/runs/reference/"
 	@echo "make curriculum-run - the curriculum run toward whole problems (hours, resumable) -> data/runs/curriculum/"
+	@echo "make sft-run - the calculator's warm start: SFT of the train split with GSM8K's annotations -> data/runs/calculator/sft/"
 	@echo "make assignments - student versions of the seven chapters (no solutions, graded checks) in _build/assignments/"
 	@echo "make bench  - the sampler vs generate and llama.cpp -> data/sampler.json;"
 	@echo "              throughput (ours vs TRL, cost sweep) -> data/throughput.json; GRPO levers -> data/levers.json;"
@@ -209,6 +210,14 @@ reference-run: model
 curriculum-run: model
 	$(BIN)/python bench/shipped_run.py --recipe recipes/curriculum_run.yaml \
 	  --warm_start data/runs/reference/sft
+
+# The calculator's warm start (recipes/calculator_sft_run.yaml): a LoRA SFT of the train split with
+# GSM8K's annotations, the calculator's results out of its loss, the same way: hours, resumable in
+# $$GRPO_COURSE_CACHE/runs/calculator_sft, exported to data/runs/calculator/sft/. Its kept adapters
+# are validated by python bench/sft_curve.py -> data/calculator_sft_curve.json.
+sft-run: model
+	$(BIN)/python bench/shipped_run.py --recipe recipes/calculator_sft_run.yaml \
+	  --out data/runs/calculator/sft
 
 clean:
 	rm -rf _build $(SMOKE_SRC) $(CHECK_SRC) $(QUICK_SRC)

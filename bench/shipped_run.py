@@ -4,6 +4,8 @@
     python bench/shipped_run.py --recipe recipes/curriculum_run.yaml \
         --warm_start data/runs/reference/sft       # make curriculum-run
     python bench/shipped_run.py --export-only      # export a finished run again
+    python bench/shipped_run.py --recipe recipes/calculator_sft_run.yaml \
+        --out data/runs/calculator/sft             # make sft-run: a warm-up alone (max_steps 0)
 
 A recipe ``recipes/<name>_run.yaml`` trains with the train CLI (``python -m grpo_course.core.train
 --resume``; words this script does not know, such as ``--warm_start``, go to it) in a work folder
@@ -101,7 +103,8 @@ def export(work: Path, out: Path, recipe: Path = RECIPE, reproduce: str = "make 
 
     def write(tmp: Path) -> None:
         copy_adapter(work, tmp)
-        copy_adapter(work / "sft", tmp / "sft")
+        if grpo:            # a warm-up alone (max_steps 0) is the adapter at the top
+            copy_adapter(work / "sft", tmp / "sft")
         for folder in snapshots:
             copy_adapter(folder, tmp / SNAPSHOTS / folder.name)
         (tmp / RUN_CONFIG_FILE).write_text(config)
@@ -129,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     name = run_name(recipe)
     work = Path(args.work) if args.work else cache_dir() / "runs" / name
     out = Path(args.out) if args.out else ROOT / "data" / "runs" / name
-    known = {"reference": "make reference-run", "curriculum": "make curriculum-run"}
+    known = {"reference": "make reference-run", "curriculum": "make curriculum-run",
+             "calculator_sft": "make sft-run"}
     reproduce = known.get(name, f"python bench/shipped_run.py --recipe {args.recipe} {' '.join(extra)}".strip())
     warm = next((extra[i + 1] for i, w in enumerate(extra[:-1]) if w in ("--warm_start", "--warm-start")),
                 None)

@@ -209,6 +209,9 @@ class GRPOConfig:
     sft_steps: int = field(default=0, metadata={
         "help": "Supervised warm-up steps on GSM8K train solutions before GRPO."})
     sft_batch_size: int = field(default=8, metadata={"help": "Solutions per warm-up step."})
+    sft_save_every: int = field(default=0, metadata={
+        "help": "Warm-up steps between a checkpoint and a kept adapter snapshot, DIR/sft_steps/<step> "
+                "(a long warm-up resumes from the last; validation chooses among them); 0: none."})
     sft_learning_rate: float = field(default=5e-4, metadata={"help": "AdamW learning rate of the warm-up."})
     sft_dtype: str = field(default="auto", metadata={
         "help": "Warm-up matmuls: auto (bf16 autocast on bf16-capable CPUs) | float32 | bfloat16."})
@@ -241,6 +244,8 @@ class GRPOConfig:
             if getattr(self, name) not in SAMPLING_DTYPES:
                 raise ConfigError(f"{name} must be one of {', '.join(SAMPLING_DTYPES)}; "
                                   f"got {getattr(self, name)!r}")
+        if self.sft_save_every < 0:
+            raise ConfigError(f"sft_save_every must be >= 0; got {self.sft_save_every}")
         if self.max_steps < 0 or self.sft_steps < 0:
             raise ConfigError(f"max_steps and sft_steps must be >= 0; got max_steps="
                               f"{self.max_steps}, sft_steps={self.sft_steps}")

@@ -297,3 +297,33 @@ def test_the_bundled_tokenizers_calculator(bundled_tokenizer):
     assert tok.decode(calc.result_ids("48/2")) == "24>>"
     # in context, SFT's target tokenizes the result as the sampler forces it
     assert ids("<<48/2=24>>")[-len(calc.result_ids("48/2")):] == calc.result_ids("48/2")
+
+
+@pytest.mark.heavy
+def test_a_long_warm_up_keeps_snapshots_and_resumes_where_it_stopped(tmp_path):
+    """sft_save_every: the adapter every few warm-up steps (what a shorter warm-up gives) and a
+    checkpoint; a run resumed from it ends with the uninterrupted run's weights."""
+    from grpo_course.core.cli import CHECKPOINT
+    from grpo_course.core.policy import adapter_state
+    from grpo_course.core.sft import SFT_SNAPSHOTS
+    from grpo_course.core.train import CourseTrainer
+
+    whole = _calc_trainer(calculator=True, sft_steps=4, sft_batch_size=2, sft_save_every=2, max_steps=0)
+    whole.out_dir = tmp_path / "whole"
+    whole.train()
+    assert (tmp_path / "whole" / SFT_SNAPSHOTS / "2" / "adapter_config.json").is_file()
+    assert not (tmp_path / "whole" / SFT_SNAPSHOTS / "4").exists()      # the last is the run's sft/
+
+    cut = _calc_trainer(calculator=True, sft_steps=4, sft_batch_size=2, sft_save_every=2, max_steps=0)
+    cut.out_dir = tmp_path / "cut"
+    cut.sft(2)
+    assert (tmp_path / "cut" / CHECKPOINT / "trainer.json").is_file()
+    cut.sft(3)                                  # step 3 is not a save point: the checkpoint is step 2's
+    fresh = _calc_trainer(calculator=True, sft_steps=4, sft_batch_size=2, sft_save_every=2, max_steps=0)
+    resumed = CourseTrainer.resume(tmp_path / "cut" / CHECKPOINT, fresh.model, fresh.tokenizer,
+                                   fresh.dataset, config=fresh.config, out_dir=tmp_path / "cut",
+                                   reward_funcs=fresh.reward_funcs)
+    assert resumed.sft_done == 2
+    resumed.train()
+    for name, value in adapter_state(whole.model).items():
+        torch.testing.assert_close(adapter_state(resumed.model)[name], value)

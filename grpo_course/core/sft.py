@@ -16,6 +16,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from grpo_course.core.calculator import tool_spans, tool_token_mask
 from grpo_course.core.checkpoints import load_adapter_state
+from grpo_course.core.cli import CHECKPOINT
 from grpo_course.core.data import sft_text
 from grpo_course.core.policy import per_token_logps
 from grpo_course.core.precision import frozen_linear_weights_as
@@ -24,6 +25,7 @@ from grpo_course.infra.memory import trim_heap
 from grpo_course.infra.progress import tqdm
 
 SFT_MAX_TOKENS = 256
+SFT_SNAPSHOTS = "sft_steps"     # a run folder's kept warm-up adapters (sft_save_every)
 SFT_SORT_WINDOW = 8      # SFT steps whose rows are sorted by length together (less padding)
 
 
@@ -110,7 +112,18 @@ class SFTWarmup:
                     self.sft_done += 1
                     self._log(row)
                 rows_out.append(row)
+                self._sft_save_point(self.config.sft_steps)
         return rows_out
+
+    def _sft_save_point(self, steps: int) -> None:
+        """Every ``sft_save_every`` steps of a run with a folder (not at its last, ``steps``, which
+        the run saves as ``sft/``): the adapter kept in ``sft_steps/<step>`` and a checkpoint to resume
+        from. With a constant learning rate a snapshot is what a warm-up of that many steps
+        gives, so validation can choose the number of epochs among them."""
+        every, out = self.config.sft_save_every, self.out_dir
+        if every and out is not None and self.sft_done % every == 0 and self.sft_done < steps:
+            self.save_model(out / SFT_SNAPSHOTS / str(self.sft_done))
+            self.save_checkpoint(out / CHECKPOINT)
 
     def start_from(self, warm_dir) -> Self:
         """Load the adapter weights of a warm start (:func:`grpo_course.core.warmstart.warm_start`)
