@@ -7,6 +7,10 @@
 Engines, each in its own subprocess (its own memory, nothing else on the cores):
 - ``course``: :func:`grpo_course.core.sampling.sample_completions` in fp32, and in bf16 where the
   CPU has native bf16 (elsewhere bf16 products are emulated and slower);
+- ``calculator``: the course sampler with GSM8K's calculator on (:mod:`grpo_course.core.calculator`:
+  a token-flag lookup every step, the tool's result forced where an annotation reaches ``=``), at
+  the same precisions; ``--model`` names a warm start that writes annotations (``make sft-run``'s),
+  so the tool fires as often as in a calculator run, and each result says how many tokens it forced;
 - ``before``: the same sampler at another commit (``--before``; a git worktree of it), so a change
   is measured against the code it replaces on the same machine in the same run;
 - ``generate``: transformers' ``generate`` (what TRL samples with on a CPU) with fp32 weights, and
@@ -46,7 +50,8 @@ SHAPES = {"one_line": (8, 8, 64, 1.0),      # GRPO at one line left: 8 prompts x
 if os.environ.get("SAMPLER_BENCH_NEW_TOKENS"):     # --max-new-tokens, in the workers
     SHAPES = {k: (P, G, int(os.environ["SAMPLER_BENCH_NEW_TOKENS"]), t)
               for k, (P, G, _, t) in SHAPES.items()}
-ENGINES = ("course", "generate", "llama_cpp")
+ENGINES = ("course", "calculator", "generate", "llama_cpp")
+TOOL = "+calculator"           # a setting of the calculator engine: its dtype, then this
 LLAMA_FILES = ("Q4_1", "Q8_0", "BF16", "F32")
 
 
@@ -75,19 +80,22 @@ def worker_course(shape: str, dtype: str) -> dict:
     from grpo_course.infra.hardware import set_threads
 
     set_threads()
-    model, tok = load_model()
+    model, tok = load_model(os.environ.get("SAMPLER_BENCH_MODEL") or None)
     P, G, T, temperature = SHAPES[shape]
     prompts = _prompts(shape, tok)
+    dtype, tool = dtype.removesuffix(TOOL), dtype.endswith(TOOL)
     # equal work: no token ends a sequence (the same in every version of the sampler)
     sampling._eos_ids = lambda model, tokenizer: torch.tensor([-1])
+    extra = {"calculator": True} if tool else {}     # (a sampler at another commit may lack it)
     run = lambda n, seed: sampling.sample_completions(
-        model, tok, prompts, G, n, temperature=temperature, seed=seed, sampling_dtype=dtype)
+        model, tok, prompts, G, n, temperature=temperature, seed=seed, sampling_dtype=dtype, **extra)
     run(4, 0)                                   # warm-up: threads, allocator, weight packing
     t0 = time.perf_counter()
     out = run(T, 1)
     seconds = time.perf_counter() - t0
     assert int(out.completion_mask.sum()) == P * G * T
-    return _result(shape, seconds)
+    forced = {"forced_tokens": int((1 - out.tool_mask).sum())} if tool else {}
+    return {**_result(shape, seconds), **forced}
 
 
 def worker_generate(shape: str, dtype: str) -> dict:
@@ -215,7 +223,8 @@ def worker_llama_cpp(shape: str, kind: str) -> dict:
     return {**_result(shape, seconds), "system_info": info, "threads": cp.n_threads}
 
 
-WORKERS = {"course": worker_course, "before": worker_course, "generate": worker_generate,
+WORKERS = {"course": worker_course, "before": worker_course, "calculator": worker_course,
+           "generate": worker_generate,
            "llama_cpp": worker_llama_cpp}
 
 
@@ -293,9 +302,10 @@ def fastest(results: list[dict], shape: str, engine: str) -> str | None:
 
 
 def settings(engine: str, native_bf16: bool) -> list[str]:
-    if engine in ("course", "before", "generate"):
+    if engine in ("course", "before", "generate", "calculator"):
         # without native bf16 its products are emulated: several times slower than fp32
-        return ["float32", "bfloat16"] if native_bf16 else ["float32"]
+        dtypes = ["float32", "bfloat16"] if native_bf16 else ["float32"]
+        return [d + TOOL for d in dtypes] if engine == "calculator" else dtypes
     return list(LLAMA_FILES)
 
 
@@ -318,6 +328,8 @@ def summarize(results: list[dict], shapes: list[str], flops_per_token: float,
             for peer in ("before", "generate", "llama_cpp"):
                 if peer in best:
                     row[f"course_vs_{peer}"] = best["course"]["tokens_per_s"] / best[peer]["tokens_per_s"]
+            if "calculator" in best:      # the tool's cost: decode speed lost, fastest against fastest
+                row["calculator_cost"] = 1 - best["calculator"]["tokens_per_s"] / best["course"]["tokens_per_s"]
         out[shape] = row
     return out
 
@@ -335,8 +347,15 @@ def main(argv: list[str] | None = None) -> dict:
                     help="runs of every engine per setting (the fastest counts), peers as the course")
     ap.add_argument("--max-new-tokens", type=int, default=None,
                     help="a shorter budget for every shape (a quick check of the bench itself)")
+    ap.add_argument("--model", default=None,
+                    help="the course engines' model: an adapter folder (e.g. the calculator's warm "
+                         "start, whose annotations make the tool fire); default the bundled model")
     ap.add_argument("--out", type=Path, default=ROOT / "data" / "sampler.json")
     args = ap.parse_args(argv)
+    if args.model:
+        if not Path(args.model, "adapter_config.json").is_file():
+            ap.error(f"--model {args.model!r} is not an adapter folder")
+        os.environ["SAMPLER_BENCH_MODEL"] = str(Path(args.model).resolve())
     engines, shapes = args.engines.split(","), args.shapes.split(",")
     for name, given, known in (("engine", engines, ENGINES), ("shape", shapes, SHAPES)):
         bad = [x for x in given if x not in known]
@@ -364,7 +383,7 @@ def main(argv: list[str] | None = None) -> dict:
         for i, shape in enumerate(shapes):
             for engine in engines:
                 tried = settings(engine, native_bf16())
-                if i > 0 and engine not in ("course", "before"):
+                if i > 0 and engine not in ("course", "before", "calculator"):
                     # a peer's settings are all timed at the first shape; its fastest there
                     # runs at the others (a sweep at 256 tokens would take an hour per peer)
                     tried = [fastest(results, shapes[0], engine) or tried[0]]
@@ -381,7 +400,8 @@ def main(argv: list[str] | None = None) -> dict:
                             capture_output=True, text=True).stdout.strip()
     used = {s: (*SHAPES[s][:2], args.max_new_tokens or SHAPES[s][2], SHAPES[s][3]) for s in shapes}
     record = {"date": datetime.now(UTC).strftime("%Y-%m-%d"), "commit": commit,
-              "before": args.before, "machine": facts, "n_params": n_params,
+              "before": args.before, "model": args.model or "bundled", "machine": facts,
+              "n_params": n_params,
               "flops_per_token": 2 * n_params, "shapes": used,
               "summary": summarize(results, shapes, 2 * n_params, roof), "results": results}
     write_json_atomic(args.out, record)

@@ -375,6 +375,9 @@ def test_quantize_corrupt_variant_description(tmp_path, capsys):
     ("sft_step", ["--out", "{tmp}"], ["--out", "{tmp}"]),
     ("shipped_run", ["--recipe", "{tmp}/none_run.yaml"], ["--recipe", "none_run.yaml", "is not a file"]),
     ("curriculum_test", ["--run", "{tmp}"], ["--run", "{tmp}", "not a finished run folder"]),
+    ("calculator_test", ["--run", "{tmp}"], ["--run", "{tmp}", "not a finished run folder"]),
+    ("sft_curve", ["--work", "{tmp}"], ["--work", "{tmp}", "holds no kept adapter"]),
+    ("sft_curve", ["--val_n", "1"], ["--val_n", "1"]),
 ])
 def test_bench_bad_options(script, args, values, tmp_path, capsys):
     fill = lambda s: s.replace("{tmp}", str(tmp_path))
@@ -399,6 +402,17 @@ def test_learning_curve_refuses_validation_rows_the_run_trains_on(tmp_path, caps
     from grpo_course.core.runs import save_run_config
     save_run_config(tmp_path, GRPOConfig(train_offset=100))
     assert _bench("learning_curve").main(["--run", str(tmp_path), "--val_n", "256"]) == 2
+    one_line(capsys, "--val_n 256", "train rows from 100 on", "overlap")
+
+
+def test_sft_curve_refuses_validation_rows_the_warm_up_trains_on(tmp_path, capsys):
+    from grpo_course.config import GRPOConfig
+    from grpo_course.core.runs import save_run_config
+    save_run_config(tmp_path, GRPOConfig(train_offset=100, sft_steps=4))
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_:
+        _bench("sft_curve").main(["--work", str(tmp_path), "--val_n", "256"])
+    assert exit_.value.code == 2
     one_line(capsys, "--val_n 256", "train rows from 100 on", "overlap")
 
 

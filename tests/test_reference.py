@@ -88,7 +88,8 @@ def _patch_sampling(monkeypatch, sampled) -> None:
     block) through a fake with evaluate_sampled's signature, the model standing for its folder."""
     from grpo_course.measure import whole_problems
 
-    def records(model, tok, rows, samples, budget, temperature, seed, batch_prompts, dtype, progress, desc):
+    def records(model, tok, rows, samples, budget, temperature, seed, batch_prompts, dtype, progress, desc,
+                calculator=False):
         return sampled(model, rows, samples, budget, temperature, seed, batch_prompts, dtype, progress).records
     monkeypatch.setattr(whole_problems, "load_model", lambda name: (name, None))
     monkeypatch.setattr(whole_problems, "sampled_records", records)

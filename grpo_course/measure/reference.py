@@ -71,12 +71,14 @@ def sampled_test(before: str, after: str, rows, samples: int = SAMPLES,
     return {"before": a.summary(), "after": b.summary(), **compare_sampled(a, b)}
 
 
-def greedy_answers(folder: str, rows, max_new_tokens: int, progress: bool = True):
+def greedy_answers(folder: str, rows, max_new_tokens: int, progress: bool = True,
+                   calculator: bool = False):
     """Greedy answers of the model ``folder`` (an adapter folder or a model name) to ``rows``,
-    cached block by block; the model is let go before it returns (one in memory at a time)."""
+    cached block by block (``calculator``: GSM8K's calculator writes the annotations' results);
+    the model is let go before it returns (one in memory at a time)."""
     model, tok = load_model(folder)
     result = evaluate_model(model, tok, rows, max_new_tokens=max_new_tokens, name=folder,
-                            progress=progress, cache=True)
+                            progress=progress, cache=True, calculator=calculator)
     del model
     free_memory()
     return result

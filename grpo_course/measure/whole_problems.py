@@ -20,6 +20,7 @@ resumes where it stopped.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_course.config import START_BUDGETS
+from grpo_course.core.data import strip_calculations
 from grpo_course.core.loading import load_model
 from grpo_course.core.pool import sampled_records
 from grpo_course.core.sampling import resolve_sampling_dtype
@@ -93,13 +95,15 @@ def adapter_settings(folder: Path) -> dict:
 
 
 def cached_samples(folder: str | Path, rows, samples: int, max_new_tokens: int, seed: int,
-                   kind: str = "sampled_tests", progress: bool = True) -> SampledResult:
+                   kind: str = "sampled_tests", progress: bool = True,
+                   calculator: bool = False) -> SampledResult:
     """The adapter in ``folder`` sampled on ``rows`` (``samples`` answers each at temperature 1,
     ``seed``), :data:`CACHE_BLOCK` problems at a time: each block is read from the cache
     (``$GRPO_COURSE_CACHE/<kind>/``) when the same adapter sampled the same rows with the same code
     before, else sampled and stored there (atomically), so a bench stopped part way loses at most
     one block. The block from problem ``lo`` samples with seed ``seed + lo``: the answers one call of
-    ``evaluate_sampled`` on all the rows would draw (its sampling blocks start at ``seed + lo``)."""
+    ``evaluate_sampled`` on all the rows would draw (its sampling blocks start at ``seed + lo``).
+    ``calculator``: GSM8K's calculator writes the annotations' results."""
     folder, rows = Path(folder), list(rows)
     key = {"adapter": file_hash(folder / "adapter_model.safetensors"),
            "adapter_config": adapter_settings(folder),
@@ -107,7 +111,8 @@ def cached_samples(folder: str | Path, rows, samples: int, max_new_tokens: int, 
            "max_new_tokens": max_new_tokens, "temperature": TEMPERATURE, "seed": seed,
            "batch_prompts": BATCH_PROMPTS,
            "dtype": str(resolve_sampling_dtype("auto") or "float32"),     # bf16 where native
-           "code": code_fingerprint("grpo_course.measure.whole_problems")}    # with the sampler it imports
+           "code": code_fingerprint("grpo_course.measure.whole_problems"),    # with the sampler it imports
+           **({"calculator": True} if calculator else {})}
     records, seconds, model = [], 0.0, None
     for lo in range(0, len(rows), CACHE_BLOCK):
         path = keyed_cache_file(kind, {**key, "block": [lo, lo + CACHE_BLOCK]})
@@ -119,7 +124,7 @@ def cached_samples(folder: str | Path, rows, samples: int, max_new_tokens: int, 
             block = sampled_records(model, tokenizer, rows[lo:lo + CACHE_BLOCK], samples, max_new_tokens,
                                     TEMPERATURE, seed + lo, BATCH_PROMPTS, "auto", progress,
                                     f"{folder.name}: {samples} samples, problems {lo}-"
-                                    f"{min(lo + CACHE_BLOCK, len(rows)) - 1}")
+                                    f"{min(lo + CACHE_BLOCK, len(rows)) - 1}", calculator)
             stored = {"records": block, "seconds": time.perf_counter() - start}
             write_json_atomic(path, stored)
         records += stored["records"]
@@ -130,22 +135,36 @@ def cached_samples(folder: str | Path, rows, samples: int, max_new_tokens: int, 
     return SampledResult(samples, records, seconds, str(folder))
 
 
-def greedy(folder: str | Path, rows, lines_left: int | None = None, progress: bool = True):
-    """Greedy answers of the adapter in ``folder`` to ``rows`` at the start's budget (cached)."""
-    return greedy_answers(str(folder), rows, budget(lines_left), progress)
+def greedy(folder: str | Path, rows, lines_left: int | None = None, progress: bool = True,
+           calculator: bool = False, max_new_tokens: int | None = None):
+    """Greedy answers of the adapter in ``folder`` to ``rows`` at the start's budget, or
+    ``max_new_tokens`` (cached; ``calculator``: with GSM8K's calculator)."""
+    return greedy_answers(str(folder), rows, max_new_tokens or budget(lines_left), progress, calculator)
 
 
-def greedy_test(before, after, rows, progress: bool = True) -> dict[str, Any]:
-    """(a): both models' greedy accuracy on ``rows``, McNemar's test, and what the answers do."""
-    a, b = greedy(before, rows, progress=progress), greedy(after, rows, progress=progress)
-    return {**greedy_summary(a, b), "answers": phase_changes(a, b, rows)}
+def greedy_test(before, after, rows, progress: bool = True, calculator: bool = False,
+                max_new_tokens: int | None = None) -> dict[str, Any]:
+    """(a): both models' greedy accuracy on ``rows``, McNemar's test, and what the answers do
+    (their arithmetic read with the calculator's annotations taken out: what the model wrote)."""
+    a, b = (greedy(f, rows, None, progress, calculator, max_new_tokens) for f in (before, after))
+    return {**greedy_summary(a, b), "answers": phase_changes(*(own_work(r) for r in (a, b)), rows)}
+
+
+def own_work(result):
+    """``result`` (greedy records) with each completion's ``<<a*b=c>>`` annotations taken out: the
+    equations left are the ones the model wrote itself, not the calculator's."""
+    if not any("<<" in r["completion"] for r in result.records):
+        return result
+    records = [{**r, "completion": strip_calculations(r["completion"])} for r in result.records]
+    return dataclasses.replace(result, records=records)
 
 
 def sampled_test(before, after, rows, samples: int, seed: int, lines_left: int | None = None,
-                 progress: bool = True) -> dict[str, Any]:
+                 progress: bool = True, calculator: bool = False,
+                 max_new_tokens: int | None = None) -> dict[str, Any]:
     """(b): both models' sampled pass@1, pass@K and entropy on ``rows``, paired per problem."""
-    a = cached_samples(before, rows, samples, budget(lines_left), seed, progress=progress)
-    b = cached_samples(after, rows, samples, budget(lines_left), seed, progress=progress)
+    a, b = (cached_samples(f, rows, samples, max_new_tokens or budget(lines_left), seed,
+                           progress=progress, calculator=calculator) for f in (before, after))
     return {"before": a.summary(), "after": b.summary(), **compare_sampled(a, b)}
 
 

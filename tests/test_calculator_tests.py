@@ -1,0 +1,60 @@
+"""The calculator run's whole-problem tests, fixed before it trained: what they test, with and
+without the tool, and the credit of each phase (grpo_course.measure.calculator_tests)."""
+from __future__ import annotations
+
+import json
+
+from grpo_course.measure import calculator_tests as ct
+from grpo_course.measure import whole_problems as wp
+from grpo_course.measure.evaluate import EvalResult, SampledResult
+
+
+def test_the_tests_are_the_ones_fixed_in_advance():
+    # (a) all 1,319 test problems, whole, greedy; (b) rows 0-511, whole, K = 4 at T = 1; both with the tool
+    assert ct.GREEDY_ROWS == (0, 1319) and ct.SAMPLED_ROWS == (0, 512)
+    assert (ct.SAMPLES, ct.TEMPERATURE, ct.SEED, ct.BUDGET) == (4, 1.0, 4321, 256)
+    # the verdict is the curriculum run's rule, at the same thresholds
+    assert (ct.ALPHA, ct.MIN_FORMAT) == (wp.ALPHA, wp.MIN_FORMAT) == (0.05, 0.95)
+    assert ct.DESIGN["greedy"]["calculator"] and ct.DESIGN["sampled"]["calculator"]
+    assert ct.DESIGN["sampled"]["rows"] == [0, 512] and ct.DESIGN["max_new_tokens"] == 256
+
+
+def test_the_answers_arithmetic_is_read_without_the_tools_annotations():
+    result = EvalResult.from_records([{"idx": 0, "correct": True, "formatted": True, "completion_tokens": 9,
+                                       "completion": "3+4 = <<3+4=7>>7\n#### 7"}])
+    assert wp.own_work(result).records[0]["completion"] == "3+4 = 7\n#### 7"
+    plain = EvalResult.from_records([{"idx": 0, "correct": True, "formatted": True, "completion_tokens": 3,
+                                      "completion": "#### 7"}])
+    assert wp.own_work(plain) is plain
+
+
+def test_the_record_holds_both_ways_every_phase_and_no_machine_path(monkeypatch, tmp_path):
+    rows = [{"question": f"q{i} 3 4", "answer": str(i % 3 + 7), "idx": i, "solution": "#### 7"} for i in range(6)]
+    calls = []
+
+    def fake_greedy(folder, rows_, budget, progress=True, calculator=False):
+        calls.append(("greedy", folder.split("/")[-1], calculator, budget))
+        right = 4 if folder.endswith("calculator") and calculator else 1
+        return EvalResult.from_records([{"idx": r["idx"], "correct": i < right, "formatted": True,
+                                         "completion_tokens": 5, "tool_results": int(calculator),
+                                         "completion": "<<3+4=7>>7\n#### 7" if calculator else "#### 7"}
+                                        for i, r in enumerate(rows_)])
+
+    def fake_samples(folder, rows_, samples, budget, seed, progress=True, calculator=False):
+        calls.append(("sampled", str(folder).split("/")[-1], calculator, budget))
+        right = 3 if str(folder).endswith("calculator") and calculator else 1
+        return SampledResult(samples, [{"idx": r["idx"], "right": right if i % 2 else 0, "formatted": samples,
+                                        "nll": 1.0, "tokens": 4} for i, r in enumerate(rows_)], 1.0, str(folder))
+
+    monkeypatch.setattr(wp, "greedy_answers", fake_greedy)
+    monkeypatch.setattr(wp, "cached_samples", fake_samples)
+    monkeypatch.setattr(ct, "held_out_rows", lambda split, n, offset: rows)
+    run = tmp_path / "calculator"
+    out = ct.calculator_tests(run, tmp_path / "old", progress=False)
+    assert set(out) >= {"with_calculator", "without_calculator", "verdict", "phases", "chance"}
+    assert out["with_calculator"]["greedy"]["after"] > out["without_calculator"]["greedy"]["after"]
+    assert list(out["phases"]["accuracy"]) == ["old_warm_start", "new_warm_start", "new_warm_start_tool", "grpo_tool"]
+    assert "new_warm_start -> new_warm_start_tool" in out["phases"]["steps"]
+    assert {c[3] for c in calls} == {256}
+    assert ("greedy", "calculator", True, 256) in calls and ("sampled", "sft", True, 256) in calls
+    assert str(tmp_path) not in json.dumps(out)
