@@ -46,7 +46,7 @@ from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.errors import OneLineArgumentParser, report
 from grpo_course.infra.fingerprint import file_hash
 from grpo_course.infra.hardware import bench_facts
-from grpo_course.infra.paths import cache_dir
+from grpo_course.infra.paths import cache_dir, shown_path
 from grpo_course.measure.attribution import paired_mcnemar
 from grpo_course.measure.evaluate import SampledResult, compare_sampled, held_out_rows
 from grpo_course.measure.reference import training_rates
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         rates = [training_rates(run) for run in runs]
     except (ValueError, RuntimeError, OSError) as exc:
         return report(exc)
-    curves = [{"run": str(run), "recipe": {k: config.get(k) for k in RECIPE_KEYS},
+    curves = [{"run": shown_path(run), "recipe": {k: config.get(k) for k in RECIPE_KEYS},
                "points": curve_points(result, args.samples, whole), "training": rate}
               for run, config, result, whole, rate in zip(runs, configs, results, wholes, rates, strict=True)]
     best_curve, best = max(((c, p) for c in curves for p in c["points"]),

@@ -31,9 +31,9 @@ from grpo_course.core.sft import SFT_SNAPSHOTS
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.errors import OneLineArgumentParser, report
 from grpo_course.infra.hardware import bench_facts
-from grpo_course.infra.paths import cache_dir
+from grpo_course.infra.paths import cache_dir, shown_path
 from grpo_course.measure.attribution import paired_mcnemar
-from grpo_course.measure.calculator_tests import BUDGET, OLD_WARM_START, relative
+from grpo_course.measure.calculator_tests import BUDGET, OLD_WARM_START
 from grpo_course.measure.evaluate import held_out_rows
 from grpo_course.measure.whole_problems import greedy
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     best = max(points, key=lambda p: (p["solved_tool"], -p["step"]))
     out = {"bench": "sft_curve", **bench_facts(), "date": time.strftime("%Y-%m-%d"),
            "rows": ["train", 0, args.val_n], "max_new_tokens": BUDGET, "recipe": "recipes/calculator_sft_run.yaml",
-           "old_warm_start": {"folder": relative(args.old), "accuracy": old.accuracy, "solved": old.correct,
+           "old_warm_start": {"folder": shown_path(args.old), "accuracy": old.accuracy, "solved": old.correct,
                               "format": old.format_rate},
            "points": points, "best": best["step"],
            "twice_the_old": best["solved_tool"] >= 2 * old.correct

@@ -58,3 +58,24 @@ def test_the_record_holds_both_ways_every_phase_and_no_machine_path(monkeypatch,
     assert {c[3] for c in calls} == {256}
     assert ("greedy", "calculator", True, 256) in calls and ("sampled", "sft", True, 256) in calls
     assert str(tmp_path) not in json.dumps(out)
+
+
+def test_a_record_shows_paths_relative_to_the_checkout_or_the_cache(monkeypatch, tmp_path):
+    from grpo_course.infra.paths import project_root, shown_path
+    monkeypatch.setenv("GRPO_COURSE_CACHE", str(tmp_path / "cache"))
+    assert shown_path(project_root() / "data" / "runs" / "calculator") == "data/runs/calculator"
+    assert shown_path(tmp_path / "cache" / "runs" / "x") == "$GRPO_COURSE_CACHE/runs/x"
+    assert shown_path("/elsewhere/deep/run/sft") == "run/sft" and shown_path("smollm2-135m-instruct") == "smollm2-135m-instruct"
+
+
+def test_no_committed_record_holds_a_machine_path():
+    import re
+
+    from grpo_course.infra.paths import project_root
+    root = project_root()
+    files = [*root.glob("data/*.json"), *root.glob("data/runs/*/run.json"),
+             *root.glob("grpo_course/measurements/*.json")]
+    assert files
+    for path in files:
+        found = re.findall(r'"(/(?:root|home|tmp|work|Users)/[^"]*)"', path.read_text(encoding="utf-8"))
+        assert not found, f"{path.relative_to(root)}: {found[:2]}"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_course.infra.paths import shown_path
 from grpo_course.measure.reference import MIN_FORMAT, SAMPLES, SLICES, primary_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,7 +180,7 @@ def test_the_learning_curve_compares_runs_on_the_same_rows_and_names_the_best(tm
     assert first["points"][1]["right"] == [0, 3, 3, 3]
     assert second["points"][1]["right"] == [0, 2, 2, 2]
     assert second["points"][1]["vs_step_0"]["up"] == 3 and first["training"]["steps"] == 20
-    assert out["best"] == {"run": str(a), "learning_rate": 3e-4, "step": 20, "pass_at_1": 9 / 16}
+    assert out["best"] == {"run": shown_path(a), "learning_rate": 3e-4, "step": 20, "pass_at_1": 9 / 16}
     # runs that differ in more than the learning rate, the start and the steps are not compared,
     # nor two at one rate and start
     _curve_run(tmp_path / "c", 1e-4, sft=a / "sft", num_generations=2)
@@ -256,7 +257,7 @@ def test_the_learning_curve_answers_whole_problems_and_names_the_best_mix(tmp_pa
     assert set(starts) == {(64, "left 1")}             # the mix sampled at one line left too
     mixed = out["curves"][1]["points"][1]["whole_greedy"]
     assert mixed["accuracy"] == 1.0 and mixed["correct"] == [1, 1, 1, 1] and mixed["vs_step_0"]["b_only"] == 3
-    assert out["best_whole"]["run"] == str(m) and out["best_whole"]["step"] == 20
+    assert out["best_whole"]["run"] == shown_path(m) and out["best_whole"]["step"] == 20
     assert out["best_whole"]["recipe"]["start_mix"] == ["whole", "1"]
     assert out["validation"]["whole_greedy"] == {"split": "train", "rows": [0, 4], "n": 4,
                                                  "max_new_tokens": 200}

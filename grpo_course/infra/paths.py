@@ -36,6 +36,22 @@ def project_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` as a record or a page shows it: relative to the checkout, or to the cache as
+    ``$GRPO_COURSE_CACHE/...``, else its last two parts; never the machine's absolute path."""
+    path = Path(path).expanduser()
+    if not path.is_absolute():
+        return str(path)
+    path = path.resolve()
+    for root, shown in ((project_root(), ""), (cache_dir().resolve(), f"${CACHE_ENV}/")):
+        try:
+            rest = path.relative_to(root)
+        except ValueError:
+            continue
+        return f"{shown}{rest}" if str(rest) != "." else (shown.rstrip("/") or ".")
+    return str(Path(*path.parts[-2:]))
+
+
 def keyed_cache_file(kind: str, key: dict[str, Any], digits: int = 24) -> Path:
     """``cache_dir()/<kind>/<name>.json``, ``name`` a hash of ``key`` (everything the stored result
     depends on, as JSON): one file per distinct ``key``."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from grpo_course.infra.paths import project_root
+from grpo_course.infra.paths import project_root, shown_path
 from grpo_course.measure.attribution import chance_baseline
 from grpo_course.measure.evaluate import held_out_rows
 from grpo_course.measure.reference import greedy_summary
@@ -54,15 +54,6 @@ DESIGN = {"greedy": {"split": "test", "rows": list(GREEDY_ROWS), "start": "whole
           "beside": "the same without the calculator; pass@K and entropy; the answers' own "
                     "equations against the chance baseline; each phase's credit on (a)'s problems",
           "fixed_at": "before the calculator run trained (grpo_course/measure/calculator_tests.py)"}
-
-
-def relative(path: str | Path) -> str:
-    """``path`` relative to the checkout where it lies inside it (no machine path in a record)."""
-    path = Path(path).resolve()
-    try:
-        return str(path.relative_to(project_root()))
-    except ValueError:
-        return path.name
 
 
 def both_tests(run: Path, calculator: bool, progress: bool = True) -> dict[str, Any]:
@@ -103,21 +94,11 @@ def calculator_tests(run: str | Path = CALCULATOR_RUN, old: str | Path = OLD_WAR
     """The fixed tests of ``run`` with the calculator, the verdict, and what stands beside them."""
     run = Path(run)
     with_tool = both_tests(run, True, progress)
-    out = {"run": relative(run), "old_warm_start": relative(old),
+    out = {"run": shown_path(run), "old_warm_start": shown_path(old),
            "with_calculator": with_tool,
            "verdict": whole_verdict(with_tool["greedy"], with_tool["sampled"]),
            "without_calculator": both_tests(run, False, progress),
            "phases": phase_credit(run, Path(old), progress)}
     lo, hi = GREEDY_ROWS
     out["chance"] = chance_baseline(held_out_rows("test", hi - lo, lo))
-    return _relative_models(out)
-
-
-def _relative_models(record: Any) -> Any:
-    """``record`` with every ``model`` field (a summary's folder) relative to the checkout."""
-    if isinstance(record, dict):
-        return {k: relative(v) if k == "model" and isinstance(v, str) and v else _relative_models(v)
-                for k, v in record.items()}
-    if isinstance(record, list):
-        return [_relative_models(v) for v in record]
-    return record
+    return out

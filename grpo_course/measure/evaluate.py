@@ -47,7 +47,7 @@ from grpo_course.core.sampling import sample_completions, sampler_dtype
 from grpo_course.infra.atomic import atomic_write, write_json_atomic
 from grpo_course.infra.errors import OneLineArgumentParser, report
 from grpo_course.infra.fingerprint import code_fingerprint, weights_fingerprint
-from grpo_course.infra.paths import keyed_cache_file, read_cached
+from grpo_course.infra.paths import keyed_cache_file, read_cached, shown_path
 from grpo_course.infra.progress import tqdm
 from grpo_course.measure.stats import (
     mcnemar_test,
@@ -133,7 +133,7 @@ class EvalResult:
     def summary(self) -> dict[str, Any]:
         lengths = [r["completion_tokens"] for r in self.records]
         judged = [r["consistent"] for r in self.records if r.get("consistent") is not None]
-        return {"model": self.model, "n": self.n, "accuracy": self.accuracy,
+        return {"model": shown_path(self.model), "n": self.n, "accuracy": self.accuracy,
                 "answer_work_consistency": sum(judged) / len(judged) if judged else None,
                 "n_consistency_judged": len(judged),
                 "accuracy_ci95": list(self.accuracy_ci95), "format_rate": self.format_rate,
@@ -374,7 +374,7 @@ class SampledResult:
         n, k = len(self.records), self.samples
         solved = sum(r["right"] > 0 for r in self.records)
         tokens = sum(r.get("tokens", 0) for r in self.records)
-        return {"model": self.model, "n": n, "samples": k, "pass_at_1": self.pass_at_1,
+        return {"model": shown_path(self.model), "n": n, "samples": k, "pass_at_1": self.pass_at_1,
                 "entropy": sum(r.get("nll", 0.0) for r in self.records) / tokens if tokens else None,
                 f"pass_at_{k}": {"mean": solved / n, "ci95": list(wilson_interval(solved, n))},
                 "format_rate": sum(r["formatted"] for r in self.records) / (n * k),

@@ -31,7 +31,7 @@ from grpo_course.core.loading import load_model
 from grpo_course.core.pool import pool_summary
 from grpo_course.core.runs import read_metrics
 from grpo_course.infra.memory import free_memory
-from grpo_course.infra.paths import project_root
+from grpo_course.infra.paths import project_root, shown_path
 from grpo_course.measure.attribution import paired_mcnemar
 from grpo_course.measure.evaluate import (
     SampledResult,
@@ -114,7 +114,7 @@ def reference_tests(run: str | Path = REFERENCE_RUN, slices=SLICES, samples: int
     each slice's sampled test alone (a re-check of the samples, as page 3d makes)."""
     run = Path(run)
     before, after = str(run / "sft"), str(run)
-    out: dict[str, Any] = {"run": str(run), "samples": samples, "lines_left": LINES_LEFT,
+    out: dict[str, Any] = {"run": shown_path(run), "samples": samples, "lines_left": LINES_LEFT,
                            "slices": []}
     for lo, hi in slices:
         rows = held_out_rows("test", hi - lo, lo, lines_left=LINES_LEFT)

@@ -35,7 +35,7 @@ from grpo_course.core.sampling import resolve_sampling_dtype
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.fingerprint import code_fingerprint, data_hash, file_hash
 from grpo_course.infra.memory import free_memory
-from grpo_course.infra.paths import keyed_cache_file, project_root, read_cached
+from grpo_course.infra.paths import keyed_cache_file, project_root, read_cached, shown_path
 from grpo_course.measure.attribution import chance_baseline, phase_changes
 from grpo_course.measure.evaluate import (
     SampledResult,
@@ -189,7 +189,7 @@ def whole_problem_tests(run: str | Path, progress: bool = True) -> dict[str, Any
     greedy_rows = held_out_rows("test", hi - lo, lo)
     lo, hi = SAMPLED_ROWS
     sampled_rows = held_out_rows("test", hi - lo, lo)
-    out = {"run": str(run),
+    out = {"run": shown_path(run),
            "greedy": {"rows": list(GREEDY_ROWS), **greedy_test(before, after, greedy_rows, progress)},
            "sampled": {"rows": list(SAMPLED_ROWS),
                        **sampled_test(before, after, sampled_rows, SAMPLES, SEED, None, progress)}}
