@@ -1,6 +1,6 @@
 """grpo_course: the helper package of the course "GRPO on a CPU".
 
-Five layers, one folder each (the README's module map): ``infra`` (paths, the machine, memory,
+Five layers, one folder each (CONTRIBUTING.md's module map): ``infra`` (paths, the machine, memory,
 atomic files, cache keys), ``core`` (the algorithm), ``measure`` (evaluation and statistics),
 ``topics`` (one chapter's subject each) and ``book`` (the book's own tooling), with ``config``
 beside them. Import what you need from its home, e.g.

@@ -162,10 +162,10 @@ def test_every_module_sits_in_a_layer_and_imports_only_the_layers_below_it():
     assert {m: deps for m, deps in upward.items() if deps} == {}
 
 
-def test_the_readme_module_table_is_the_tree():
-    """Every module of the package has its row in the README, under its own path, and every row
-    names a module that exists."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_module_map_is_the_tree():
+    """Every module of the package has its row in CONTRIBUTING.md's module map, under its own path,
+    and every row names a module that exists."""
+    readme = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
     table = readme.split("## The package")[1].split("\n## ")[0]
     rows = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
     tree = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.stem != "__init__"}
@@ -245,3 +245,22 @@ def test_the_step_reads_like_the_algorithm():
                "low_memory", "repeat_interleave", "zero_std_groups", "nonzero", "split"}
     assert devices.isdisjoint(calls)
     assert step.end_lineno - step.lineno + 1 <= 30
+
+
+def test_the_readme_is_a_front_door():
+    """README.md: at most 120 lines, its figure in the repository, each chapter's minutes those
+    bench/memory.py measured on the full profile, and the two commands."""
+    import json
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 120
+    for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", readme):
+        assert (ROOT / image).is_file(), image
+    assert "make book" in readme and "make test" in readme and "CONTRIBUTING.md" in readme
+    measured = json.loads((PACKAGE / "measurements" / "memory.json").read_text())["results"]
+    rows = re.findall(r"^\| (\d)\. [^|]+\|[^|]+\| ([\d.]+) \|$", readme, flags=re.M)
+    assert len(rows) == 7
+    for chapter, minutes in rows:
+        (name,) = [n for n in measured if n.startswith(f"0{chapter}_") and "full" in measured[n]]
+        assert float(minutes) == round(measured[name]["full"]["wall_s"] / 60, 1), name
