@@ -327,3 +327,49 @@ def test_a_long_warm_up_keeps_snapshots_and_resumes_where_it_stopped(tmp_path):
     resumed.train()
     for name, value in adapter_state(whole.model).items():
         torch.testing.assert_close(adapter_state(resumed.model)[name], value)
+
+
+@pytest.mark.heavy
+def test_trl_samples_through_the_calculator_rollout(tmp_path):
+    """TRL's way: GRPOTrainer(rollout_func=calculator_rollout) samples with the course sampler and
+    the tool, G completions of each prompt, with env_mask (TRL's tool mask) beside them."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from grpo_course.config import GRPOConfig
+    from grpo_course.topics import trl_bridge
+
+    trl_bridge.quiet_trl()
+    seen = []
+
+    def rollout(prompts, trainer):
+        out = trl_bridge.calculator_rollout(prompts, trainer)
+        seen.append((list(prompts), out))
+        return out
+
+    cfg = GRPOConfig(num_generations=2, per_step_completions=4, max_completion_length=8, max_steps=1,
+                     reward_weights={"exact_format": 1.0}, use_lora=False, calculator=True)
+    args = trl_bridge.grpo_config_from_course(cfg, tmp_path / "trl")
+    tok = calc_tokenizer()
+    trainer = GRPOTrainer(model=tiny_model(), reward_funcs=lambda completions, **k: [float(sum(map(ord, c)) % 7) for c in completions],
+                          args=args, train_dataset=Dataset.from_dict({"prompt": ["what is 2+3?", "7*8=?"]}),
+                          processing_class=tok, rollout_func=rollout)
+    trainer.train()
+    assert trainer.state.global_step == 1
+    prompts, out = seen[0]
+    n = len(out["completion_ids"])
+    assert n == 4 and all(len(out[k]) == n for k in ("prompt_ids", "logprobs", "env_mask"))
+    assert [len(m) for m in out["env_mask"]] == [len(c) for c in out["completion_ids"]]
+    assert out["prompt_ids"][0] == out["prompt_ids"][1]           # a prompt's G completions together
+    # TRL reads env_mask as its tool mask: with every token the tool's, nothing is trained
+    def all_tool(prompts, trainer):
+        out = trl_bridge.calculator_rollout(prompts, trainer)
+        return {**out, "env_mask": [[0] * len(m) for m in out["env_mask"]]}
+
+    masked = GRPOTrainer(model=tiny_model(), reward_funcs=lambda completions, **k: [float(sum(map(ord, c)) % 7) for c in completions],
+                         args=trl_bridge.grpo_config_from_course(cfg, tmp_path / "masked"),
+                         train_dataset=Dataset.from_dict({"prompt": ["what is 2+3?", "7*8=?"]}),
+                         processing_class=tok, rollout_func=all_tool)
+    masked.train()
+    assert masked.state.log_history[0]["grad_norm"] == 0.0
+    assert trainer.state.log_history[0]["grad_norm"] > 0.0

@@ -48,6 +48,7 @@ from grpo_course.core.data import SYSTEM_PROMPT, chat_messages, load_gsm8k
 from grpo_course.core.loading import load_model, quiet_loading, quiet_torchao
 from grpo_course.core.rewards import REWARD_FUNCTIONS, check_reward_names
 from grpo_course.core.runs import TRACKIO_PROJECT, Tracker, write_run
+from grpo_course.core.sampling import sample_completions
 from grpo_course.core.warmstart import warm_start
 from grpo_course.infra.atomic import write_text_atomic
 from grpo_course.infra.errors import CourseError, report
@@ -386,6 +387,38 @@ def trim_heap_callback():
     return TrimHeap()
 
 
+def calculator_rollout(prompts: list, trainer) -> dict[str, list]:
+    """TRL's ``rollout_func`` with GSM8K's calculator: one completion per prompt TRL passes (its
+    sampler repeats each prompt G times, together), drawn from the course sampler with the tool on
+    (:mod:`grpo_course.core.calculator`), a prompt's G drawn as one group (its prompt run once).
+
+    Returns ``prompt_ids`` and ``completion_ids`` (one list of ids per completion), the sampler's
+    ``logprobs`` and ``env_mask``: TRL's name for the tool mask in a
+    rollout (1 where the model chose the token, 0 where the calculator wrote it). TRL multiplies
+    it into the loss mask (``completion_mask * tool_mask``), as the course trainer does, so the
+    tool's tokens are read by the forward pass and trained on by nothing. The seed follows the
+    trainer's step, so a resumed run samples what an uninterrupted one does."""
+    tok, args = trainer.processing_class, trainer.args
+    texts = [p if isinstance(p, str) else
+             tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    G = trainer.num_generations
+    grouped = len(texts) % G == 0 and all(t == texts[i - i % G] for i, t in enumerate(texts))
+    texts, G = (texts[::G], G) if grouped else (texts, 1)
+    batch = sample_completions(trainer.model, tok, texts, G, args.max_completion_length,
+                               args.temperature, args.top_p,
+                               seed=args.seed * 1_000_003 + trainer.state.global_step,
+                               sampling_dtype="auto", calculator=True)
+    out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+    for row in range(len(texts) * G):
+        prompt = batch.prompt_ids[row // G][batch.prompt_mask[row // G].bool()]
+        n = int(batch.completion_mask[row].sum())
+        out["prompt_ids"].append(prompt.tolist())
+        out["completion_ids"].append(batch.completion_ids[row, :n].tolist())
+        out["logprobs"].append(batch.sampling_logps[row, :n].tolist())
+        out["env_mask"].append(batch.tool_mask[row, :n].tolist())
+    return out
+
+
 def train_with_trl(cfg: GRPOConfig, output_dir: str | os.PathLike, model=None, tokenizer=None,
                    train_dataset=None, n_prompts: int | None = None, callbacks=None,
                    quiet: bool = True, **overrides: Any) -> TRLRun:
@@ -394,7 +427,9 @@ def train_with_trl(cfg: GRPOConfig, output_dir: str | os.PathLike, model=None, t
     ``model``/``tokenizer`` default to :func:`grpo_course.core.loading.load_model` (``cfg.model``);
     ``train_dataset`` defaults to :func:`trl_dataset` with just enough prompts for
     ``cfg.max_steps`` (or ``n_prompts``). With ``cfg.use_lora`` the model is wrapped
-    by peft inside the trainer (``trainer.model`` is then a ``PeftModel``).
+    by peft inside the trainer (``trainer.model`` is then a ``PeftModel``). With
+    ``cfg.calculator`` TRL samples through :func:`calculator_rollout` (GSM8K's calculator in the
+    sampler, its tokens out of TRL's loss by ``env_mask``).
     """
     from trl import GRPOTrainer
 
@@ -418,7 +453,8 @@ def train_with_trl(cfg: GRPOConfig, output_dir: str | os.PathLike, model=None, t
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
                           train_dataset=train_dataset, processing_class=tokenizer,
                           peft_config=lora_config_from_course(cfg) if cfg.use_lora else None,
-                          callbacks=callbacks)
+                          callbacks=callbacks,
+                          rollout_func=calculator_rollout if cfg.calculator else None)
     if quiet:  # with disable_tqdm, transformers prints every log dict; the history keeps them
         from transformers.trainer_callback import PrinterCallback
 
