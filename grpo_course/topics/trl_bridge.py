@@ -157,8 +157,9 @@ def grpo_config_from_course(cfg: GRPOConfig, output_dir: str | os.PathLike,
         loss_type=cfg.loss_type, scale_rewards=cfg.scale_rewards,
         mask_truncated_completions=cfg.mask_truncated_completions,
         # TRL turns activation checkpointing on by default: it saves memory by running the forward
-        # twice. A 135M model fits a CPU's memory, so the course keeps the time, except on the
-        # binder profile (2 GB)
+        # twice. The course config decides (off, but on the binder profile's 2 GB); whether it costs
+        # or saves time on a CPU is bench/throughput.py's to measure (it times TRL's fastest mode
+        # both ways)
         gradient_checkpointing=cfg.gradient_checkpointing,
         reward_weights=[float(cfg.reward_weights[n]) for n in reward_names(cfg)],
         # the optimizer
@@ -212,8 +213,8 @@ def lora_config_from_course(cfg: GRPOConfig):
 DEFAULT_CHANGES: dict[str, str] = {
     "loss_type": "the course config's loss (chapter 3 compares grpo, bnpo, dapo, dr_grpo)",
     "bf16": "fp32 unless the CPU has native bf16 (AVX512-BF16/AMX); emulated bf16 is slower",
-    "gradient_checkpointing": "the course config's: a 135M model fits in memory, so no second forward "
-                              "to save it (off, except on the binder profile, made for 2 GB)",
+    "gradient_checkpointing": "the course config's: off, except on the binder profile (made for 2 GB); "
+                              "the throughput benchmark times TRL's fastest mode with it on too",
     "beta": "the course config's KL weight",
     "num_generations": "the course config's G",
     "learning_rate": "LoRA takes a larger step than TRL's full-model default",
