@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from grpo_course.core.loading import quiet_loading
+from grpo_course.core.runs import finished_run
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.errors import OneLineArgumentParser, report
 from grpo_course.infra.hardware import bench_facts
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "data" / "calculator_test.json"))
     args = parser.parse_args(argv)
     run, old = Path(args.run), Path(args.old)
-    if not (run / "adapter_config.json").is_file() or not (run / "sft" / "adapter_config.json").is_file():
+    if not finished_run(run):
         parser.error(f"--run {args.run!r} is not a finished run folder (an adapter and sft/): "
                      f"train it first (make sft-run, then make calculator-run)")
     if not (old / "adapter_config.json").is_file():

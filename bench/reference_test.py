@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from grpo_course.core.loading import quiet_loading
+from grpo_course.core.runs import finished_run
 from grpo_course.infra.atomic import write_json_atomic
 from grpo_course.infra.errors import OneLineArgumentParser, report
 from grpo_course.infra.hardware import bench_facts
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "data" / "reference_test.json"))
     args = parser.parse_args(argv)
     run = Path(args.run)
-    if not (run / "adapter_config.json").is_file() or not (run / "sft" / "adapter_config.json").is_file():
+    if not finished_run(run):
         parser.error(f"--run {args.run!r} is not a finished run folder (an adapter and sft/): "
                      f"run make reference-run")
     if args.samples < 2:

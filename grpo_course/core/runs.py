@@ -35,6 +35,13 @@ RUN_KEYS = ("trainer", "profile")   # the keys of a run's config.yaml that are n
 TRACKIO_PROJECT = "grpo-course"
 
 
+def finished_run(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a finished run as the train CLI saves it: an adapter at the top and
+    the warm start it began from in ``sft/`` (what the fixed tests compare)."""
+    folder = Path(folder)
+    return (folder / "adapter_config.json").is_file() and (folder / "sft" / "adapter_config.json").is_file()
+
+
 def trim_metrics(out_dir: Path, sft_done: int, global_step: int) -> None:
     """Keep the rows of ``out_dir``'s metrics file that a checkpoint at ``sft_done`` warm-up
     steps and ``global_step`` GRPO steps had logged (a resumed run logs the rest again, so it
