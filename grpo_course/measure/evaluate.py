@@ -252,9 +252,7 @@ def _decode_block(model, tokenizer, rows, prompts, first: int, batch_size: int,
 def forced_results(batch) -> torch.Tensor:
     """[rows] how many results the calculator wrote into each completion of ``batch`` (runs of
     forced tokens)."""
-    tool = getattr(batch, "tool_mask", None)
-    forced = batch.completion_mask * (1 - tool) if tool is not None \
-        else torch.zeros_like(batch.completion_mask)
+    forced = batch.completion_mask - batch.model_mask
     starts = forced[:, 1:] > forced[:, :-1]
     return forced[:, 0] + starts.sum(1)
 
