@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from grpo_course.core.data import load_gsm8k
 from grpo_course.core.loading import quiet_loading
 from grpo_course.core.runs import load_run_config
 from grpo_course.core.sft import SFT_SNAPSHOTS
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         config = load_run_config(work) or {}
         rows = held_out_rows("train", args.val_n, 0)
         old = greedy(args.old, rows, max_new_tokens=BUDGET)
-        per_epoch = (7473 - config.get("train_offset", 512)) / config.get("sft_batch_size", 16)
+        trained = len(load_gsm8k("train", offset=config.get("train_offset", 0)))
+        per_epoch = trained / config.get("sft_batch_size", 16)      # steps in one pass of its rows
         points = []
         for step, folder in found:
             tool = greedy(folder, rows, calculator=True, max_new_tokens=BUDGET)
