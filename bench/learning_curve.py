@@ -49,9 +49,10 @@ from grpo_course.infra.hardware import bench_facts
 from grpo_course.infra.paths import cache_dir, shown_path
 from grpo_course.measure.attribution import paired_mcnemar
 from grpo_course.measure.evaluate import SampledResult, compare_sampled, held_out_rows
+from grpo_course.measure.paired import cached_samples
 from grpo_course.measure.reference import training_rates
 from grpo_course.measure.whole_problems import budget as budget_whole
-from grpo_course.measure.whole_problems import cached_samples, greedy
+from grpo_course.measure.whole_problems import greedy
 
 SEED = 20250   # the validation samples' seed: the same for every step, so the steps are paired
 #: the only config fields in which runs compared on one curve may differ (they share the rest and
@@ -87,7 +88,7 @@ def snapshot(run: Path, step: int) -> Path:
 
 def validation_samples(folder: Path, rows, samples: int, budget: int) -> SampledResult:
     """The adapter in ``folder`` sampled on the validation ``rows`` (``samples`` answers each at
-    temperature 1, seed :data:`SEED`), cached (:func:`~grpo_course.measure.whole_problems.cached_samples`)."""
+    temperature 1, seed :data:`SEED`), cached (:func:`~grpo_course.measure.paired.cached_samples`)."""
     return cached_samples(folder, rows, samples, budget, SEED, kind="validation")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from grpo_course.measure import calculator_tests as ct
+from grpo_course.measure import paired
 from grpo_course.measure import whole_problems as wp
 from grpo_course.measure.evaluate import EvalResult, SampledResult
 
@@ -22,10 +23,10 @@ def test_the_tests_are_the_ones_fixed_in_advance():
 def test_the_answers_arithmetic_is_read_without_the_tools_annotations():
     result = EvalResult.from_records([{"idx": 0, "correct": True, "formatted": True, "completion_tokens": 9,
                                        "completion": "3+4 = <<3+4=7>>7\n#### 7"}])
-    assert wp.own_work(result).records[0]["completion"] == "3+4 = 7\n#### 7"
+    assert paired.own_work(result).records[0]["completion"] == "3+4 = 7\n#### 7"
     plain = EvalResult.from_records([{"idx": 0, "correct": True, "formatted": True, "completion_tokens": 3,
                                       "completion": "#### 7"}])
-    assert wp.own_work(plain) is plain
+    assert paired.own_work(plain) is plain
 
 
 def test_the_record_holds_both_ways_every_phase_and_no_machine_path(monkeypatch, tmp_path):
@@ -46,8 +47,9 @@ def test_the_record_holds_both_ways_every_phase_and_no_machine_path(monkeypatch,
         return SampledResult(samples, [{"idx": r["idx"], "right": right if i % 2 else 0, "formatted": samples,
                                         "nll": 1.0, "tokens": 4} for i, r in enumerate(rows_)], 1.0, str(folder))
 
-    monkeypatch.setattr(wp, "greedy_answers", fake_greedy)
-    monkeypatch.setattr(wp, "cached_samples", fake_samples)
+    monkeypatch.setattr(paired, "greedy_answers", fake_greedy)
+    monkeypatch.setattr(wp, "greedy_answers", fake_greedy)      # wp.greedy: the phases' answers
+    monkeypatch.setattr(paired, "cached_samples", fake_samples)
     monkeypatch.setattr(ct, "held_out_rows", lambda split, n, offset: rows)
     run = tmp_path / "calculator"
     out = ct.calculator_tests(run, tmp_path / "old", progress=False)

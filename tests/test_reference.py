@@ -87,13 +87,13 @@ def test_a_finished_run_is_exported_in_bf16_with_its_machine_and_hours(tmp_path)
 def _patch_sampling(monkeypatch, sampled) -> None:
     """Route whole_problems' block-by-block sampling (load_model, then sampled_records per cache
     block) through a fake with evaluate_sampled's signature, the model standing for its folder."""
-    from grpo_course.measure import whole_problems
+    from grpo_course.measure import paired
 
     def records(model, tok, rows, samples, budget, temperature, seed, batch_prompts, dtype, progress, desc,
                 calculator=False):
         return sampled(model, rows, samples, budget, temperature, seed, batch_prompts, dtype, progress).records
-    monkeypatch.setattr(whole_problems, "load_model", lambda name: (name, None))
-    monkeypatch.setattr(whole_problems, "sampled_records", records)
+    monkeypatch.setattr(paired, "load_model", lambda name: (name, None))
+    monkeypatch.setattr(paired, "sampled_records", records)
 
 
 def test_the_learning_curve_keeps_each_step_s_samples_and_resumes(tmp_path, monkeypatch):
@@ -288,7 +288,7 @@ def test_a_samples_only_recheck_runs_no_greedy_test(monkeypatch):
 
     calls = []
     monkeypatch.setattr(reference, "held_out_rows", lambda split, n, offset, lines_left: list(range(n)))
-    monkeypatch.setattr(reference, "sampled_test", lambda before, after, rows, samples, progress: (
+    monkeypatch.setattr(reference, "sampled_test", lambda before, after, rows, *args, **kw: (
         calls.append(("sampled", len(rows))) or
         {"pass_at_1": {"difference": 0.1, "p_value": 0.01}, "after": {"format_rate": 1.0}}))
     monkeypatch.setattr(reference, "greedy_test", lambda *a, **k: calls.append(("greedy",)) or {"n": 0})
@@ -368,7 +368,8 @@ def test_the_fixed_tests_words_come_from_the_shipped_record():
     matches, or says how far it is from the benchmark."""
     import copy
 
-    from grpo_course.measure.reference import fixed_test_sentences, fixed_test_table, live_recheck_sentence
+    from grpo_course.measure.paired import live_recheck_sentence
+    from grpo_course.measure.reference import fixed_test_sentences, fixed_test_table
     fixed = json.loads((ROOT / "data" / "reference_test.json").read_text())
     said = fixed_test_sentences(fixed)
     assert set(said) == {"ref_verdict", "ref_table", "ref_transfer", "ref_passk_change", "ref_pattern",
@@ -381,10 +382,10 @@ def test_the_fixed_tests_words_come_from_the_shipped_record():
     assert len(fixed_test_table(fixed)) == len(fixed["slices"])
     live = {"slices": [{"sampled": {side: {"right": s["sampled"][side]["right"][:4]} for side in ("before", "after")}}
                        for s in fixed["slices"]]}
-    assert "match the benchmark's" in live_recheck_sentence(live, fixed, 4)
+    assert "match the benchmark's" in live_recheck_sentence(live, fixed, fixed["samples"], fixed["cpu"])
     moved = copy.deepcopy(live)
     moved["slices"][0]["sampled"]["after"]["right"] = [0, 0, 0, 0]
-    text = live_recheck_sentence(moved, fixed, 4)
+    text = live_recheck_sentence(moved, fixed, fixed["samples"], fixed["cpu"])
     assert f"1 of {2 * len(fixed['slices'])} model-slice counts differ" in text
     assert "The verdict below is the benchmark's" in text
 

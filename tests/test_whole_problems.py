@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_course.measure import paired
 from grpo_course.measure import whole_problems as wp
+from grpo_course.measure.paired import live_recheck_sentence
 
 
 def test_the_tests_are_the_ones_fixed_in_advance():
@@ -92,15 +94,15 @@ def test_the_live_recheck_needs_whole_sampling_blocks():
 def test_the_live_recheck_sentence_says_match_or_how_far_it_is():
     bench = {"sampled": {"before": {"right": [0, 1, 0, 0, 2]}, "after": {"right": [1, 1, 0, 0, 0]}}}
     same = {"before": {"right": [0, 1, 0, 0]}, "after": {"right": [1, 1, 0, 0]}}
-    assert "match the benchmark's, for both models" in wp.live_recheck_sentence(same, bench, "AMD EPYC")
+    assert "match the benchmark's, for both models" in live_recheck_sentence(same, bench, wp.SAMPLES, "AMD EPYC")
     other = {"before": {"right": [0, 0, 0, 0]}, "after": {"right": [1, 1, 0, 0]}}
-    text = wp.live_recheck_sentence(other, bench, "AMD EPYC")
+    text = live_recheck_sentence(other, bench, wp.SAMPLES, "AMD EPYC")
     assert "1 of 2 models' counts differ" in text and "+12.5 points against the benchmark's +6.2." in text
     assert "from its AMD EPYC" in text and text.endswith("moved the same way as the benchmark's")
     # short sentences, none of them past 40 words (it was one of 77)
     assert max(len(part.split()) for part in text.split(". ")) <= 40
     fell = {"before": {"right": [0, 1, 0, 0]}, "after": {"right": [0, 0, 0, 0]}}
-    assert wp.live_recheck_sentence(fell, bench, "AMD EPYC").endswith("on this machine the result may differ")
+    assert live_recheck_sentence(fell, bench, wp.SAMPLES, "AMD EPYC").endswith("on this machine the result may differ")
 
 
 def test_the_answers_sentence_puts_the_chance_baseline_beside_the_answers():
@@ -139,7 +141,7 @@ def test_samples_are_cached_block_by_block_with_the_seeds_of_one_call(monkeypatc
     folder.mkdir()
     (folder / "adapter_model.safetensors").write_bytes(b"weights")
     (folder / "adapter_config.json").write_text('{"target_modules": ["q_proj", "v_proj"]}')
-    rows = [{"question": f"q{i}", "answer": str(i), "idx": i} for i in range(2 * wp.CACHE_BLOCK + 8)]
+    rows = [{"question": f"q{i}", "answer": str(i), "idx": i} for i in range(2 * paired.CACHE_BLOCK + 8)]
     calls = []
 
     def fake_records(model, tok, block, samples, budget, temperature, seed, batch_prompts, *rest):
@@ -148,16 +150,16 @@ def test_samples_are_cached_block_by_block_with_the_seeds_of_one_call(monkeypatc
         return [{"idx": r["idx"], "seed": seed + j - j % batch_prompts, "right": 1, "formatted": 1,
                  "nll": 1.0, "tokens": 2} for j, r in enumerate(block)]
 
-    monkeypatch.setattr(wp, "load_model", lambda name: (object(), object()))
-    monkeypatch.setattr(wp, "sampled_records", fake_records)
-    first = wp.cached_samples(folder, rows, 4, 16, seed=100)
-    assert calls == [wp.CACHE_BLOCK, wp.CACHE_BLOCK, 8] and wp.CACHE_BLOCK % wp.BATCH_PROMPTS == 0
-    assert [r["seed"] for r in first.records] == [100 + i - i % wp.BATCH_PROMPTS for i in range(len(rows))]
-    again = wp.cached_samples(folder, rows, 4, 16, seed=100)           # every block from the cache
-    assert calls == [wp.CACHE_BLOCK, wp.CACHE_BLOCK, 8] and again.records == first.records
+    monkeypatch.setattr(paired, "load_model", lambda name: (object(), object()))
+    monkeypatch.setattr(paired, "sampled_records", fake_records)
+    first = paired.cached_samples(folder, rows, 4, 16, seed=100)
+    assert calls == [paired.CACHE_BLOCK, paired.CACHE_BLOCK, 8] and paired.CACHE_BLOCK % paired.BATCH_PROMPTS == 0
+    assert [r["seed"] for r in first.records] == [100 + i - i % paired.BATCH_PROMPTS for i in range(len(rows))]
+    again = paired.cached_samples(folder, rows, 4, 16, seed=100)           # every block from the cache
+    assert calls == [paired.CACHE_BLOCK, paired.CACHE_BLOCK, 8] and again.records == first.records
     blocks = sorted((tmp_path / "cache" / "sampled_tests").glob("*.json"))
     blocks[-1].unlink()                                                 # one block lost: only it again
-    wp.cached_samples(folder, rows, 4, 16, seed=100)
+    paired.cached_samples(folder, rows, 4, 16, seed=100)
     assert len(calls) == 4
 
 
@@ -199,9 +201,9 @@ def test_the_shipped_sentence_counts_falls_beside_rises(monkeypatch):
 def test_a_live_change_of_zero_does_not_agree_with_a_fall():
     bench = {"sampled": {"before": {"right": [1, 1, 0, 0]}, "after": {"right": [0, 0, 0, 0]}}}
     flat = {"before": {"right": [0, 0, 0, 0]}, "after": {"right": [0, 0, 0, 0]}}
-    assert wp.live_recheck_sentence(flat, bench, "AMD EPYC").endswith("on this machine the result may differ")
+    assert live_recheck_sentence(flat, bench, wp.SAMPLES, "AMD EPYC").endswith("on this machine the result may differ")
     one = {"sampled": {"before": {"right": [0, 0, 0, 0]}, "after": {"right": [1, 0, 0, 0]}}}   # +1 sample of 16
-    assert wp.live_recheck_sentence(flat, one, "AMD EPYC").endswith(
+    assert live_recheck_sentence(flat, one, wp.SAMPLES, "AMD EPYC").endswith(
         "the two changes differ by 1 right sample of 16, too few to confirm or contradict it")
 
 

@@ -28,8 +28,8 @@ from typing import Any
 from grpo_course.infra.paths import project_root, shown_path
 from grpo_course.measure.attribution import chance_baseline
 from grpo_course.measure.evaluate import held_out_rows
-from grpo_course.measure.reference import greedy_summary
-from grpo_course.measure.whole_problems import REFERENCE_RUN, greedy, greedy_test, sampled_test, whole_verdict
+from grpo_course.measure.paired import greedy_summary, greedy_test, sampled_test
+from grpo_course.measure.whole_problems import REFERENCE_RUN, greedy, whole_verdict
 
 #: the committed run (the train CLI's layout: the final adapter, and ``sft/``, its warm start)
 CALCULATOR_RUN = project_root() / "data" / "runs" / "calculator"
@@ -63,10 +63,10 @@ def both_tests(run: Path, calculator: bool, progress: bool = True) -> dict[str, 
     lo, hi = SAMPLED_ROWS
     sampled_rows = held_out_rows("test", hi - lo, lo)
     return {"greedy": {"rows": list(GREEDY_ROWS),
-                       **greedy_test(run / "sft", run, greedy_rows, progress, calculator, BUDGET)},
+                       **greedy_test(run / "sft", run, greedy_rows, BUDGET, progress, calculator, answers=True)},
             "sampled": {"rows": list(SAMPLED_ROWS),
-                        **sampled_test(run / "sft", run, sampled_rows, SAMPLES, SEED, None, progress,
-                                       calculator, BUDGET)}}
+                        **sampled_test(run / "sft", run, sampled_rows, SAMPLES, SEED, BUDGET, progress,
+                                       calculator)}}
 
 
 def phase_credit(run: Path, old: Path = OLD_WARM_START, progress: bool = True) -> dict[str, Any]:

@@ -25,21 +25,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from grpo_course.config import PROFILES, START_BUDGETS, ConfigError, get_profile
+from grpo_course.config import PROFILES, START_BUDGETS, ConfigError
 from grpo_course.core.checkpoints import POOL_FILE
-from grpo_course.core.loading import load_model
 from grpo_course.core.pool import pool_summary
 from grpo_course.core.runs import read_metrics
-from grpo_course.infra.memory import free_memory
 from grpo_course.infra.paths import project_root, shown_path
-from grpo_course.measure.attribution import paired_mcnemar
-from grpo_course.measure.evaluate import (
-    SampledResult,
-    compare_sampled,
-    evaluate_model,
-    evaluate_sampled,
-    held_out_rows,
-)
+from grpo_course.measure.evaluate import held_out_rows
+from grpo_course.measure.paired import greedy_test, sampled_test
 from grpo_course.measure.stats import describe_difference, p_text, paired_difference, reading
 
 #: the committed reference run (the train CLI's layout: the final adapter, and ``sft/``)
@@ -50,52 +42,8 @@ TRANSFER = PROFILES["full"].ref.transfer
 LINES_LEFT = 1              # the start the run trained at
 ALPHA, MIN_FORMAT = 0.05, 0.95
 SEED = 1234                 # the samples' seed: the same for both models, every slice
-
-
-def sampled_pair(before: str, after: str, rows, samples: int, max_new_tokens: int,
-                 progress: bool = True, **sampling) -> tuple[SampledResult, SampledResult]:
-    """Both models' sampled evaluation of ``rows`` (``sampling``: ``evaluate_sampled``'s seed,
-    temperature, blocks, dtype), one model in memory at a time."""
-    out = []
-    for folder in (before, after):
-        out.append(evaluate_sampled(str(folder), rows, samples, max_new_tokens, progress=progress, **sampling))
-        free_memory()
-    return out[0], out[1]
-
-
-def sampled_test(before: str, after: str, rows, samples: int = SAMPLES,
-                 lines_left: int | None = LINES_LEFT, progress: bool = True) -> dict[str, Any]:
-    """Both models' sampled evaluation of ``rows`` and the paired difference of pass@1."""
-    budget = START_BUDGETS.get(lines_left, get_profile("full").eval.max_new_tokens)
-    a, b = sampled_pair(before, after, rows, samples, budget, progress, seed=SEED)
-    return {"before": a.summary(), "after": b.summary(), **compare_sampled(a, b)}
-
-
-def greedy_answers(folder: str, rows, max_new_tokens: int, progress: bool = True,
-                   calculator: bool = False):
-    """Greedy answers of the model ``folder`` (an adapter folder or a model name) to ``rows``,
-    cached block by block (``calculator``: GSM8K's calculator writes the annotations' results);
-    the model is let go before it returns (one in memory at a time)."""
-    model, tok = load_model(folder)
-    result = evaluate_model(model, tok, rows, max_new_tokens=max_new_tokens, name=folder,
-                            progress=progress, cache=True, calculator=calculator)
-    del model
-    free_memory()
-    return result
-
-
-def greedy_summary(a, b) -> dict[str, Any]:
-    """Two models' greedy results on the same rows: accuracy, format rate, McNemar's exact test."""
-    return {"n": a.n, "before": a.accuracy, "after": b.accuracy,
-            "format_before": a.format_rate, "format_after": b.format_rate,
-            "mcnemar": paired_mcnemar(a, b, "correct")}
-
-
-def greedy_test(before: str, after: str, rows, lines_left: int | None,
-                progress: bool = True) -> dict[str, Any]:
-    """Both models' greedy accuracy on ``rows`` (cached), and McNemar's exact test."""
-    budget = START_BUDGETS.get(lines_left, get_profile("full").eval.max_new_tokens)
-    return greedy_summary(*(greedy_answers(name, rows, budget, progress) for name in (before, after)))
+#: new tokens an answer may take, by lines left (None: the whole problem, the full profile's evaluation)
+BUDGETS = {**START_BUDGETS, None: PROFILES["full"].eval.max_new_tokens}
 
 
 def primary_verdict(slices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -119,9 +67,10 @@ def reference_tests(run: str | Path = REFERENCE_RUN, slices=SLICES, samples: int
     for lo, hi in slices:
         rows = held_out_rows("test", hi - lo, lo, lines_left=LINES_LEFT)
         tested = {"rows": [lo, hi], "n": len(rows),
-                  "sampled": sampled_test(before, after, rows, samples, progress=progress)}
+                  "sampled": sampled_test(before, after, rows, samples, SEED, BUDGETS[LINES_LEFT],
+                                          progress, cached=False)}
         if greedy:
-            tested["greedy"] = greedy_test(before, after, rows, LINES_LEFT, progress)
+            tested["greedy"] = greedy_test(before, after, rows, BUDGETS[LINES_LEFT], progress)
         out["slices"].append(tested)
     out["verdict"] = primary_verdict(out["slices"])
     if transfer:
@@ -129,7 +78,7 @@ def reference_tests(run: str | Path = REFERENCE_RUN, slices=SLICES, samples: int
         out["transfer"] = {
             name: {"rows": [lo, hi], **greedy_test(before, after,
                                                    held_out_rows("test", hi - lo, lo, lines_left=k),
-                                                   k, progress)}
+                                                   BUDGETS[k], progress)}
             for name, k in (("two_lines_left", LINES_LEFT + 1), ("whole_problems", None))}
     return out
 
@@ -301,45 +250,3 @@ def fixed_test_sentences(fixed: dict[str, Any]) -> dict[str, str]:
             f"on rows {t['test rows']}, {reading(t['greedy after %'] - t['greedy before %'], t['McNemar p'])} "
             f"({t['greedy before %']:.1f} → {t['greedy after %']:.1f} %, McNemar p = {p_text(t['McNemar p'])})"
             for t in table)}
-
-
-def recheck_sentence(pairs: list[tuple[dict[str, Any], dict[str, Any]]], problems: int, samples: int,
-                     what: str, machine: str) -> str:
-    """A page's live re-sample of the first ``problems`` of a fixed test against the benchmark's
-    samples of the same problems. ``pairs`` holds one (live, benchmark) record per slice, each with
-    both models' right answers per problem (``"before"``/``"after"``, ``"right"``). Identical, or
-    how far each live change of pass@1 is from the benchmark's and whether it moved the same way."""
-    same = [live[side]["right"] == bench[side]["right"][:problems]
-            for live, bench in pairs for side in ("before", "after")]
-    if all(same):
-        return (f"the page sampled the first {problems} problems of {what} again: every problem's right "
-                f"answers match the benchmark's, for both models")
-    change = lambda rec: (sum(rec["after"]["right"][:problems])
-                          - sum(rec["before"]["right"][:problems])) / (samples * problems)
-    mine, theirs = [change(live) for live, _ in pairs], [change(bench) for _, bench in pairs]
-    sign = lambda x: (x > 0) - (x < 0)           # a change of 0 moves neither way
-    agree = all(sign(a) == sign(b) for a, b in zip(mine, theirs, strict=True))
-    points = lambda xs: ", ".join(f"{100 * x:+.1f}" for x in xs)
-    counted = "model-slice counts" if len(pairs) > 1 else "models' counts"
-    # how far apart the two changes are, in right samples of a slice: one sample is within any re-draw
-    apart = round(max(abs(a - b) for a, b in zip(mine, theirs, strict=True)) * samples * problems)
-    # short sentences: the first stays lower-case, as pages and results boxes put it after "Live:"
-    return (f"the page sampled the first {problems} problems of {what} again. "
-            f"{sum(not s for s in same)} of {len(same)} {counted} differ from the benchmark's: this "
-            f"machine samples differently (bf16 against fp32, another CPU, or the run changed since the "
-            f"benchmark). On those {problems} problems ({samples} samples each) the live change of pass@1 "
-            f"was {points(mine)} points against the benchmark's {points(theirs)}"
-            + (", slice by slice" if len(pairs) > 1 else "")
-            + f". The verdict below is the benchmark's, from its {machine}: "
-            + ("the live change moved the same way as the benchmark's" if agree else
-               f"the two changes differ by {apart} right sample{'s' if apart != 1 else ''} of "
-               f"{samples * problems}, too few to confirm or contradict it" if apart <= 1 else
-               "the live change did not move the same way as the benchmark's, so on this machine the "
-               "result may differ"))
-
-
-def live_recheck_sentence(live: dict[str, Any], fixed: dict[str, Any], problems: int) -> str:
-    """The page's re-sample of the first ``problems`` of each slice (``reference_tests`` with
-    ``greedy=False``) against the benchmark's samples of the same problems (:func:`recheck_sentence`)."""
-    pairs = [(ls["sampled"], fs["sampled"]) for ls, fs in zip(live["slices"], fixed["slices"], strict=True)]
-    return recheck_sentence(pairs, problems, fixed["samples"], "each slice", fixed.get("cpu", "machine"))

@@ -20,29 +20,23 @@ resumes where it stopped.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from grpo_course.config import START_BUDGETS
-from grpo_course.core.data import strip_calculations
-from grpo_course.core.loading import load_model
-from grpo_course.core.pool import sampled_records
-from grpo_course.core.sampling import resolve_sampling_dtype
-from grpo_course.infra.atomic import write_json_atomic
-from grpo_course.infra.fingerprint import code_fingerprint, data_hash, file_hash
-from grpo_course.infra.memory import free_memory
-from grpo_course.infra.paths import keyed_cache_file, project_root, read_cached, shown_path
-from grpo_course.measure.attribution import chance_baseline, phase_changes
+from grpo_course.infra.paths import project_root, shown_path
+from grpo_course.measure.attribution import chance_baseline
 from grpo_course.measure.evaluate import (
-    SampledResult,
-    compare_sampled,
     held_out_rows,
 )
-from grpo_course.measure.reference import greedy_answers, greedy_summary, recheck_sentence, sampled_pair
+from grpo_course.measure.paired import (
+    BATCH_PROMPTS,
+    greedy_answers,
+    greedy_test,
+    sampled_pair,
+    sampled_test,
+)
 from grpo_course.measure.stats import (
     as_sentences,
     describe_difference,
@@ -65,8 +59,6 @@ WHOLE_BUDGET = 200               # new tokens a whole answer may take (the full 
 ALPHA, MIN_FORMAT = 0.05, 0.95
 #: one line left: the reference run's first slice, samples and seed (grpo_course.measure.reference)
 ONE_LINE_ROWS, ONE_LINE_SAMPLES, ONE_LINE_SEED = (512, 768), 8, 1234
-BATCH_PROMPTS = 4                # problems sampled together (a block's seed is SEED + its first row)
-CACHE_BLOCK = 16 * BATCH_PROMPTS  # problems a cache entry holds (a whole number of sampling blocks)
 DESIGN = {"greedy": {"split": "test", "rows": list(GREEDY_ROWS), "start": "whole",
                      "test": "McNemar's exact test, run vs its warm start"},
           "sampled": {"split": "test", "rows": list(SAMPLED_ROWS), "start": "whole",
@@ -84,88 +76,11 @@ def budget(lines_left: int | None = None) -> int:
     return WHOLE_BUDGET if lines_left is None else START_BUDGETS[lines_left]
 
 
-def adapter_settings(folder: Path) -> dict:
-    """The adapter's ``adapter_config.json`` with its target modules sorted: PEFT writes them in a
-    set's order, which differs between processes, so two copies of one adapter may differ in that
-    order alone."""
-    config = json.loads((folder / "adapter_config.json").read_text())
-    if isinstance(config.get("target_modules"), list):
-        config["target_modules"] = sorted(config["target_modules"])
-    return config
-
-
-def cached_samples(folder: str | Path, rows, samples: int, max_new_tokens: int, seed: int,
-                   kind: str = "sampled_tests", progress: bool = True,
-                   calculator: bool = False) -> SampledResult:
-    """The adapter in ``folder`` sampled on ``rows`` (``samples`` answers each at temperature 1,
-    ``seed``), :data:`CACHE_BLOCK` problems at a time: each block is read from the cache
-    (``$GRPO_COURSE_CACHE/<kind>/``) when the same adapter sampled the same rows with the same code
-    before, else sampled and stored there (atomically), so a bench stopped part way loses at most
-    one block. The block from problem ``lo`` samples with seed ``seed + lo``: the answers one call of
-    ``evaluate_sampled`` on all the rows would draw (its sampling blocks start at ``seed + lo``).
-    ``calculator``: GSM8K's calculator writes the annotations' results."""
-    folder, rows = Path(folder), list(rows)
-    key = {"adapter": file_hash(folder / "adapter_model.safetensors"),
-           "adapter_config": adapter_settings(folder),
-           "rows": data_hash(rows), "start": [r.get("start") for r in rows], "samples": samples,
-           "max_new_tokens": max_new_tokens, "temperature": TEMPERATURE, "seed": seed,
-           "batch_prompts": BATCH_PROMPTS,
-           "dtype": str(resolve_sampling_dtype("auto") or "float32"),     # bf16 where native
-           "code": code_fingerprint("grpo_course.measure.whole_problems"),    # with the sampler it imports
-           **({"calculator": True} if calculator else {})}
-    records, seconds, model = [], 0.0, None
-    for lo in range(0, len(rows), CACHE_BLOCK):
-        path = keyed_cache_file(kind, {**key, "block": [lo, lo + CACHE_BLOCK]})
-        stored = read_cached(path, lambda s: isinstance(s.get("records"), list))
-        if stored is None:
-            if model is None:
-                model, tokenizer = load_model(str(folder))
-            start = time.perf_counter()
-            block = sampled_records(model, tokenizer, rows[lo:lo + CACHE_BLOCK], samples, max_new_tokens,
-                                    TEMPERATURE, seed + lo, BATCH_PROMPTS, "auto", progress,
-                                    f"{folder.name}: {samples} samples, problems {lo}-"
-                                    f"{min(lo + CACHE_BLOCK, len(rows)) - 1}", calculator)
-            stored = {"records": block, "seconds": time.perf_counter() - start}
-            write_json_atomic(path, stored)
-        records += stored["records"]
-        seconds += stored["seconds"]
-    if model is not None:
-        del model
-        free_memory()
-    return SampledResult(samples, records, seconds, str(folder))
-
-
 def greedy(folder: str | Path, rows, lines_left: int | None = None, progress: bool = True,
            calculator: bool = False, max_new_tokens: int | None = None):
     """Greedy answers of the adapter in ``folder`` to ``rows`` at the start's budget, or
     ``max_new_tokens`` (cached; ``calculator``: with GSM8K's calculator)."""
     return greedy_answers(str(folder), rows, max_new_tokens or budget(lines_left), progress, calculator)
-
-
-def greedy_test(before, after, rows, progress: bool = True, calculator: bool = False,
-                max_new_tokens: int | None = None) -> dict[str, Any]:
-    """(a): both models' greedy accuracy on ``rows``, McNemar's test, and what the answers do
-    (their arithmetic read with the calculator's annotations taken out: what the model wrote)."""
-    a, b = (greedy(f, rows, None, progress, calculator, max_new_tokens) for f in (before, after))
-    return {**greedy_summary(a, b), "answers": phase_changes(*(own_work(r) for r in (a, b)), rows)}
-
-
-def own_work(result):
-    """``result`` (greedy records) with each completion's ``<<a*b=c>>`` annotations taken out: the
-    equations left are the ones the model wrote itself, not the calculator's."""
-    if not any("<<" in r["completion"] for r in result.records):
-        return result
-    records = [{**r, "completion": strip_calculations(r["completion"])} for r in result.records]
-    return dataclasses.replace(result, records=records)
-
-
-def sampled_test(before, after, rows, samples: int, seed: int, lines_left: int | None = None,
-                 progress: bool = True, calculator: bool = False,
-                 max_new_tokens: int | None = None) -> dict[str, Any]:
-    """(b): both models' sampled pass@1, pass@K and entropy on ``rows``, paired per problem."""
-    a, b = (cached_samples(f, rows, samples, max_new_tokens or budget(lines_left), seed,
-                           progress=progress, calculator=calculator) for f in (before, after))
-    return {"before": a.summary(), "after": b.summary(), **compare_sampled(a, b)}
 
 
 def whole_verdict(greedy_result: dict[str, Any], sampled_result: dict[str, Any]) -> dict[str, Any]:
@@ -190,9 +105,10 @@ def whole_problem_tests(run: str | Path, progress: bool = True) -> dict[str, Any
     lo, hi = SAMPLED_ROWS
     sampled_rows = held_out_rows("test", hi - lo, lo)
     out = {"run": shown_path(run),
-           "greedy": {"rows": list(GREEDY_ROWS), **greedy_test(before, after, greedy_rows, progress)},
+           "greedy": {"rows": list(GREEDY_ROWS),
+                      **greedy_test(before, after, greedy_rows, budget(), progress, answers=True)},
            "sampled": {"rows": list(SAMPLED_ROWS),
-                       **sampled_test(before, after, sampled_rows, SAMPLES, SEED, None, progress)}}
+                       **sampled_test(before, after, sampled_rows, SAMPLES, SEED, budget(), progress)}}
     out["verdict"] = whole_verdict(out["greedy"], out["sampled"])
     out["chance"] = chance_baseline(greedy_rows)
     return out
@@ -204,7 +120,7 @@ def one_line_left(run: str | Path, reference: str | Path, progress: bool = True)
     lo, hi = ONE_LINE_ROWS
     rows = held_out_rows("test", hi - lo, lo, lines_left=1)
     run, reference = Path(run), Path(reference)
-    args = (rows, ONE_LINE_SAMPLES, ONE_LINE_SEED, 1, progress)
+    args = (rows, ONE_LINE_SAMPLES, ONE_LINE_SEED, budget(1), progress)
     return {"rows": list(ONE_LINE_ROWS), "samples": ONE_LINE_SAMPLES,
             "vs_warm_start": sampled_test(run / "sft", run, *args),
             "vs_reference": sampled_test(reference, run, *args)}
@@ -291,12 +207,6 @@ def live_recheck(run: str | Path, problems: int, progress: bool = True) -> dict[
     a, b = sampled_pair(Path(run) / "sft", Path(run), rows, SAMPLES, budget(), progress, temperature=TEMPERATURE,
                         seed=SEED, batch_prompts=BATCH_PROMPTS, sampling_dtype="auto")
     return {"before": a.summary(), "after": b.summary()}
-
-
-def live_recheck_sentence(live: dict[str, Any], tests: dict[str, Any], cpu: str) -> str:
-    """The page's re-sample (:func:`live_recheck`) against the bench's samples of the same
-    problems (:func:`~grpo_course.measure.reference.recheck_sentence`)."""
-    return recheck_sentence([(live, tests["sampled"])], len(live["after"]["right"]), SAMPLES, "test (b)", cpu)
 
 
 def right_equations_per_answer(side: dict[str, Any]) -> float:
