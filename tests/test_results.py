@@ -17,7 +17,7 @@ def test_rows_name_their_source_and_the_box_is_filled_by_its_display_id(monkeypa
                         lambda obj, display_id=None: updated.append((obj, display_id)))
     R.results_box()
     assert R.fill_results_box(rows) is None                  # shown at the top only, not again here
-    table = updated[0][0]
+    table = updated[0][0].table
     assert shown == [R.RESULTS_ID] and updated[0][1] == R.RESULTS_ID
     assert list(table.columns) == ["value", "n", "95 % interval or pairs", "reading", "from"]
     assert table.loc["pass@1 at one line left", "from"] == "this page"
@@ -34,6 +34,8 @@ def test_the_box_shows_each_reading_whole(monkeypatch):
                         lambda obj, display_id=None: html.append(obj._repr_html_()))
     R.fill_results_box([R.result("whole problems, greedy", "1.6 → 3.9 %", reading, n=256)])
     assert reading.strip() in html[0]
+    # the measure keeps a readable width, and a wide table scrolls inside its own box
+    assert 'class="grpo-results"' in html[0] and "overflow-x: auto" in html[0] and "min-width: 11em" in html[0]
 
 
 def test_p_values_keep_their_digits_where_a_table_is_rounded():

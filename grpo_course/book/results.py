@@ -62,6 +62,37 @@ def results_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(COLUMNS)).set_index("measure")
 
 
+#: The box's layout, the same in the book, JupyterLab and Colab: the measure and the reading keep a
+#: readable width (a narrow page would squeeze them to a word a line) and a table wider than the
+#: page scrolls inside its own box instead of pushing the page sideways.
+STYLE = """<style>
+.grpo-results {overflow-x: auto; max-width: 100%;}
+.grpo-results table {border-collapse: collapse; font-size: 0.92em;}
+.grpo-results th, .grpo-results td {text-align: left; vertical-align: top; padding: 0.3em 0.6em;
+  white-space: normal; overflow-wrap: anywhere;}
+.grpo-results tbody th {min-width: 11em; max-width: 18em;}
+.grpo-results td:nth-child(2), .grpo-results td:nth-child(4) {min-width: 6em;}
+.grpo-results td:nth-child(5) {min-width: 16em;}
+.grpo-results td:nth-child(6) {min-width: 10em; font-size: 0.9em;}
+</style>"""
+
+
+class ResultsTable:
+    """The box's table (``table``, one measure a row) as a page shows it: HTML with :data:`STYLE`,
+    every cell whole (pandas would cut each at 50 characters); plain text where HTML is not read."""
+
+    def __init__(self, table: pd.DataFrame):
+        self.table = table
+
+    def _repr_html_(self) -> str:
+        with pd.option_context("display.max_colwidth", None):
+            return f'{STYLE}<div class="grpo-results">{self.table.to_html()}</div>'
+
+    def __repr__(self) -> str:
+        with pd.option_context("display.max_colwidth", None):
+            return self.table.to_string()
+
+
 def results_box(display_id: str = RESULTS_ID) -> None:
     """The empty box at the top of a chapter, to be filled by :func:`fill_results_box`."""
     from IPython.display import Markdown, display
@@ -72,9 +103,7 @@ def results_box(display_id: str = RESULTS_ID) -> None:
 def fill_results_box(rows: list[dict[str, Any]], display_id: str = RESULTS_ID) -> None:
     """Fill the box at the top of the chapter with ``rows`` (nothing is shown where it is called)."""
     from IPython.display import update_display
-    # the box's readings are sentences: pandas would cut every cell at 50 characters
-    with pd.option_context("display.max_colwidth", None):
-        update_display(results_table(rows), display_id=display_id)
+    update_display(ResultsTable(results_table(rows)), display_id=display_id)
 
 
 def p_values_as_text(table: pd.DataFrame) -> pd.DataFrame:
