@@ -6,6 +6,8 @@
     python bench/shipped_run.py --export-only      # export a finished run again
     python bench/shipped_run.py --recipe recipes/calculator_sft_run.yaml \
         --out data/runs/calculator/sft             # make sft-run: a warm-up alone (max_steps 0)
+    python bench/shipped_run.py --recipe recipes/calculator_sft_run.yaml \
+        --out data/runs/calculator/sft --export-only --sft_step 218   # a kept warm-up adapter
 
 A recipe ``recipes/<name>_run.yaml`` trains with the train CLI (``python -m grpo_course.core.train
 --resume``; words this script does not know, such as ``--warm_start``, go to it) in a work folder
@@ -16,11 +18,14 @@ train CLI's layout: the final adapter at the top, the warm start it began from i
 the snapshots a recipe's ``snapshot_every`` kept in ``steps/<step>/`` (all with bf16 weights: the
 learning curve validates them), ``config.yaml``, ``metrics.jsonl``, ``pool.json`` (the screened
 prompts), and ``run.json``: the machine, the hours of training and the commit that trained it.
-Prints one JSON line.
+``--sft_step N`` exports a warm-up alone at its adapter kept at step N (``sft_save_every``): at a
+constant learning rate and a shuffled order that does not depend on the number of steps, it is the
+warm-up of ``sft_steps: N`` (its metrics and hours those of its first N steps). Prints one JSON line.
 """
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -34,6 +39,7 @@ from grpo_course.config import RECIPES_DIR, ConfigError
 from grpo_course.core.checkpoints import POOL_FILE, SNAPSHOTS
 from grpo_course.core.pool import pool_record
 from grpo_course.core.runs import METRICS_FILE, RUN_CONFIG_FILE, read_metrics
+from grpo_course.core.sft import SFT_SNAPSHOTS
 from grpo_course.infra.atomic import atomic_write, write_json_atomic
 from grpo_course.infra.errors import OneLineArgumentParser, report
 from grpo_course.infra.hardware import bench_facts
@@ -74,11 +80,28 @@ def run_name(recipe: Path) -> str:
     return recipe.stem.removesuffix("_run")
 
 
-def export(work: Path, out: Path, recipe: Path = RECIPE, reproduce: str = "make reference-run",
-           warm_start: str | None = None) -> dict:
-    """Write the finished run in ``work`` to ``out`` (atomically, as one folder)."""
+def kept_warm_up(work: Path, step: int) -> tuple[Path, str, list[dict]]:
+    """The warm-up adapter kept at ``step`` in ``work``, the config of a warm-up of that many
+    steps and its metrics rows: what a run with ``sft_steps: step`` trains (constant rate)."""
+    folder = work / SFT_SNAPSHOTS / str(step)
+    if not (folder / "adapter_config.json").is_file():
+        kept = sorted(int(p.name) for p in (work / SFT_SNAPSHOTS).glob("*") if p.name.isdigit())
+        raise ConfigError(f"--sft_step {step}: no adapter kept at that step (kept: {kept or 'none'})")
     config = (work / RUN_CONFIG_FILE).read_text()
-    rows = read_metrics(work)
+    if re.search(r"^max_steps: 0$", config, re.M) is None:
+        raise ConfigError(f"--sft_step {step}: {work} is not a warm-up alone (max_steps 0)")
+    config = re.sub(r"^sft_steps: \d+$", f"sft_steps: {step}", config, flags=re.M)
+    rows = [r for r in read_metrics(work) if r.get("phase") == "sft" and r.get("sft_step", 0) < step]
+    return folder, config, rows
+
+
+def export(work: Path, out: Path, recipe: Path = RECIPE, reproduce: str = "make reference-run",
+           warm_start: str | None = None, sft_step: int | None = None) -> dict:
+    """Write the finished run in ``work`` to ``out`` (atomically, as one folder); ``sft_step``:
+    a warm-up alone, at the adapter it kept at that step."""
+    adapter, config, rows = work, (work / RUN_CONFIG_FILE).read_text(), read_metrics(work)
+    if sft_step is not None:
+        adapter, config, rows = kept_warm_up(work, sft_step)
     grpo = [r for r in rows if r.get("phase") == "grpo"]
     pool = pool_record(json.loads((work / POOL_FILE).read_text())) \
         if (work / POOL_FILE).is_file() else {}
@@ -102,13 +125,16 @@ def export(work: Path, out: Path, recipe: Path = RECIPE, reproduce: str = "make 
         info["snapshots"] = [int(p.name) for p in snapshots]
 
     def write(tmp: Path) -> None:
-        copy_adapter(work, tmp)
+        copy_adapter(adapter, tmp)
         if grpo:            # a warm-up alone (max_steps 0) is the adapter at the top
             copy_adapter(work / "sft", tmp / "sft")
         for folder in snapshots:
             copy_adapter(folder, tmp / SNAPSHOTS / folder.name)
         (tmp / RUN_CONFIG_FILE).write_text(config)
-        shutil.copy2(work / METRICS_FILE, tmp / METRICS_FILE)
+        if sft_step is None:
+            shutil.copy2(work / METRICS_FILE, tmp / METRICS_FILE)
+        else:               # the first sft_step steps' rows
+            (tmp / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
         if pool:
             (tmp / POOL_FILE).write_text(json.dumps(pool) + "\n")
         (tmp / "run.json").write_text(json.dumps(info, indent=2) + "\n")
@@ -125,8 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None,
                         help="where the finished run is exported (default data/runs/<name>)")
     parser.add_argument("--export-only", action="store_true", help="only export a finished run")
+    parser.add_argument("--sft_step", type=int, default=None,
+                        help="with --export-only: export the warm-up adapter kept at this step")
     args, extra = parser.parse_known_args(argv)     # more words go to the train CLI
     recipe = Path(args.recipe)
+    if args.sft_step is not None and not (args.export_only and args.sft_step > 0):
+        parser.error(f"--sft_step {args.sft_step}: a positive step, with --export-only")
     if not recipe.is_file():
         parser.error(f"--recipe {args.recipe!r} is not a file (recipes/*_run.yaml)")
     name = run_name(recipe)
@@ -150,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (work / "adapter_model.safetensors").is_file():
             raise ConfigError(f"{work} holds no finished run: run python bench/shipped_run.py "
                               f"--recipe {args.recipe}")
-        info = export(work, out, recipe, reproduce, warm)
+        info = export(work, out, recipe, reproduce, warm, args.sft_step)
     except (ValueError, RuntimeError, OSError) as exc:
         return report(exc)
     print(json.dumps({"out": str(out), **info}))

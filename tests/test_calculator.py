@@ -313,6 +313,16 @@ def test_a_long_warm_up_keeps_snapshots_and_resumes_where_it_stopped(tmp_path):
     whole.train()
     assert (tmp_path / "whole" / SFT_SNAPSHOTS / "2" / "adapter_config.json").is_file()
     assert not (tmp_path / "whole" / SFT_SNAPSHOTS / "4").exists()      # the last is the run's sft/
+    # the adapter kept at step 2 is the warm-up of 2 steps (what bench/shipped_run.py --sft_step ships)
+    from safetensors.torch import load_file
+    short = _calc_trainer(calculator=True, sft_steps=2, sft_batch_size=2, max_steps=0)
+    short.out_dir = tmp_path / "short"
+    short.train()
+    kept = load_file(tmp_path / "whole" / SFT_SNAPSHOTS / "2" / "adapter_model.safetensors")
+    two = load_file(tmp_path / "short" / "adapter_model.safetensors")
+    assert kept.keys() == two.keys()
+    for name, value in two.items():
+        torch.testing.assert_close(kept[name], value)
 
     cut = _calc_trainer(calculator=True, sft_steps=4, sft_batch_size=2, sft_save_every=2, max_steps=0)
     cut.out_dir = tmp_path / "cut"

@@ -84,6 +84,30 @@ def test_a_finished_run_is_exported_in_bf16_with_its_machine_and_hours(tmp_path)
     assert info["recipe"] == "recipes/curriculum_run.yaml" and info["reproduce"] == "make curriculum-run"
 
 
+def test_a_kept_warm_up_adapter_is_exported_as_a_warm_up_of_that_many_steps(tmp_path):
+    """--sft_step N: the adapter a warm-up alone kept at step N, with its first N steps' metrics and
+    hours and a config of sft_steps N; a step it did not keep is refused in one line."""
+    from grpo_course.core.sft import SFT_SNAPSHOTS
+    bench = _bench("shipped_run")
+    work, out = tmp_path / "work", tmp_path / "out"
+    _adapter(work)
+    _adapter(work / SFT_SNAPSHOTS / "2")
+    (work / "config.yaml").write_text("calculator: true\nmax_steps: 0\nsft_steps: 4\n")
+    (work / "metrics.jsonl").write_text("".join(
+        json.dumps({"phase": "sft", "sft_step": i, "step_seconds": 900.0}) + "\n" for i in range(4)))
+    (work / "started.json").write_text(json.dumps({"commit": "abc", "time": "t"}))
+    recipe = bench.RECIPE.with_name("calculator_sft_run.yaml")
+    args = ["--export-only", "--recipe", str(recipe), "--work", str(work), "--out", str(out)]
+    assert bench.main([*args, "--sft_step", "2"]) == 0
+    info = json.loads((out / "run.json").read_text())
+    assert info["sft_steps"] == 2 and info["grpo_steps"] == 0 and info["hours"] == 0.5
+    assert info["reproduce"] == "make sft-run"
+    assert "sft_steps: 2\n" in (out / "config.yaml").read_text()
+    assert [json.loads(x)["sft_step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    assert not (out / "sft").exists() and (out / "adapter_model.safetensors").is_file()
+    assert bench.main([*args, "--sft_step", "3"]) == 2
+
+
 def _patch_sampling(monkeypatch, sampled) -> None:
     """Route whole_problems' block-by-block sampling (load_model, then sampled_records per cache
     block) through a fake with evaluate_sampled's signature, the model standing for its folder."""
