@@ -61,6 +61,16 @@ def test_calculate_refuses_what_is_not_bounded_arithmetic(expression):
     assert time.perf_counter() - start < 0.5
 
 
+@pytest.mark.parametrize("prefix, forced", [
+    ("Half of 48 is <<48/2=", "24>>"), ("<<3+4=7>>7 then <<7*2=", "14>>"), ("<<1,200*3=", "3600>>"),
+    ("<<48/2=24>> so", None), ("<<48/2=2", None), ("no tool=", None), ("<<1/0=", None),
+    ("<<__import__('os')=", None), ("<<9**9**9=", None), ("<<2=2=", None), ("", None),
+])
+def test_forced_text_is_what_the_tool_writes_next(prefix, forced):
+    from grpo_course.core.calculator import forced_text
+    assert forced_text(prefix) == forced
+
+
 def test_format_result():
     from fractions import Fraction
     assert format_result(Fraction(-7, 2)) == "-3.5"

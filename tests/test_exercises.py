@@ -363,3 +363,36 @@ def test_a_python_library_function_named_in_forbid_fails(capsys):
     assert "calls `trl.trainer.utils.selective_log_softmax`, a library function" in out, out
     assert exercises.check(my_token_logps, exercises.completion_token_logps,
                            exercises.token_logp_cases()) is True          # allowed where not forbidden
+
+
+def test_page_5b_exercises_pass_written_out_and_catch_a_slip(capsys):
+    """Page 5b: the calculator's spans and its forced text, written out with calculate() alone."""
+    import re
+
+    from grpo_course.core.calculator import calculate, forced_text, tool_spans
+
+    def my_tool_spans(text):
+        return [(m.start(2), m.end()) for m in re.finditer(r"<<([^<>]*)=([^<>=]*)>>", text)
+                if calculate(m.group(1)) is not None]
+
+    def my_forced_text(prefix):
+        start = prefix.rfind("<<")
+        if start < 0 or not prefix.endswith("=") or ">>" in prefix[start:]:
+            return None
+        expression = prefix[start + 2:-1]
+        if any(c in expression for c in "=<>"):
+            return None
+        result = calculate(expression)
+        return None if result is None else result + ">>"
+
+    cases = ex.tool_text_cases()
+    assert ex.check(my_tool_spans, tool_spans, cases, allow=[calculate]) is True
+    assert ex.check(my_forced_text, forced_text, cases, allow=[calculate]) is True
+    # a slip: masking the whole annotation instead of the result the tool writes
+    whole = lambda text: [(m.start(), m.end()) for m in re.finditer(r"<<([^<>]*)=([^<>=]*)>>", text)
+                          if calculate(m.group(1)) is not None]
+    assert ex.check(whole, tool_spans, cases, allow=[calculate]) is False
+    # the cases hold prefixes the tool completes, and ones it leaves to the model
+    outs = [forced_text(args[0]) for args, _ in cases]
+    assert any(outs) and outs.count(None) > 5 and any(tool_spans(args[0]) for args, _ in cases)
+    capsys.readouterr()

@@ -697,3 +697,27 @@ def paired_cases(n: int = 20, seed: int = 0) -> list[Case]:
         b = [min(1.0, max(0.0, x + rng.choice([-1, 0, 0, 1, 2]) / 8)) for x in a]
         cases.append(((a, b), {}))
     return cases + [(([0.0, 0.5], [0.5, 0.5]), {}), (([0.25, 0.5, 0.75], [0.5, 0.5, 1.0]), {})]
+
+
+def tool_text_cases(n: int = 24, seed: int = 0) -> list[Case]:
+    """Page 5b: ``(text,)``: GSM8K-like work with annotations the calculator evaluates, ones it
+    does not (a name, ``**``, a division by 0, an unclosed one), and none; for
+    :func:`~grpo_course.core.calculator.tool_spans` and
+    :func:`~grpo_course.core.calculator.forced_text` (a prefix ending at an annotation's ``=``)."""
+    rng = random.Random(seed)
+    ops = ["+", "-", "*", "/"]
+    cases = []
+    for k in range(n):
+        parts = []
+        for _ in range(rng.randint(0, 3)):
+            a, b = rng.randint(1, 400), rng.randint(1, 60)
+            expression = f"{a}{rng.choice(ops)}{b}" if k % 5 else f"({a}+{b})*{rng.randint(2, 9)}.5"
+            result = rng.choice(["", str(rng.randint(0, 999))])
+            parts.append(f"So {a} and {b} give <<{expression}={result}>>{result} then")
+        text = " ".join(parts) + f"\n#### {rng.randint(0, 999)}"
+        if k % 3 == 0:                                         # a prefix cut at an annotation's "="
+            text = f"{text[:rng.randint(0, len(text))]} <<{rng.randint(1, 99)}*{rng.randint(2, 9)}="
+        cases.append(((text,), {}))
+    odd = ["", "no tool here\n#### 5", "<<__import__('os')=>>", "<<9**9**9=", "<<1/0=", "<<3+4=7>>7 <<",
+           "<<12/5=", "<<1,200*3=3,600>>3,600", "a <<2+2=5>>5 b <<7*6=42>>42", "<<48/2=24>> so <<24+"]
+    return cases + [((t,), {}) for t in odd]

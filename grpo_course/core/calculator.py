@@ -142,6 +142,25 @@ def calculate(expression: str) -> str | None:
     return format_result(value)
 
 
+def forced_text(prefix: str) -> str | None:
+    """What the calculator writes next after ``prefix``, a completion so far, in text: where it
+    ends inside an annotation at its ``=`` (``"... <<48/2="``), the result and the closing
+    ``>>`` (``"24>>"``); else, or where the expression is not one it evaluates, ``None`` (the
+    model's own tokens continue). The sampler does the same token by token (:class:`CalculatorRows`).
+
+    >>> forced_text("Half of 48 is <<48/2="), forced_text("<<48/2=24>> so"), forced_text("<<x=")
+    ('24>>', None, None)
+    """
+    start = prefix.rfind(OPEN)
+    if start < 0 or not prefix.endswith("=") or CLOSE in prefix[start:]:
+        return None
+    expression = prefix[start + len(OPEN):-1]
+    if "=" in expression or "<" in expression or ">" in expression:
+        return None
+    result = calculate(expression)
+    return None if result is None else result + CLOSE
+
+
 # ---------------------------------------------------------------- supervised targets
 def calculator_solution(solution: str) -> str:
     """A GSM8K solution with each annotation's result written as the calculator writes it
