@@ -60,6 +60,11 @@ def test_the_record_holds_both_ways_every_phase_and_no_machine_path(monkeypatch,
     assert {c[3] for c in calls} == {256}
     assert ("greedy", "calculator", True, 256) in calls and ("sampled", "sft", True, 256) in calls
     assert str(tmp_path) not in json.dumps(out)
+    # the page's table of phases: each phase's accuracy and the paired change from the one before
+    rows = ct.phase_rows(out)
+    assert [r["phase"] for r in rows] == list(ct.PHASE_NAMES.values())
+    assert rows[0]["p"] is None and rows[0]["reading"] == "–"
+    assert rows[3]["accuracy %"] == 100 * out["phases"]["accuracy"]["grpo_tool"] and rows[2]["p"] is not None
 
 
 def test_a_record_shows_paths_relative_to_the_checkout_or_the_cache(monkeypatch, tmp_path):
@@ -81,3 +86,27 @@ def test_no_committed_record_holds_a_machine_path():
     for path in files:
         found = re.findall(r'"(/(?:root|home|tmp|work|Users)/[^"]*)"', path.read_text(encoding="utf-8"))
         assert not found, f"{path.relative_to(root)}: {found[:2]}"
+
+
+def _curve(solved_tool, old_solved, twice, own=None):
+    n = 512
+    point = {"step": 218, "epochs": 0.5, "accuracy_tool": solved_tool / n, "solved_tool": solved_tool,
+             "format_tool": 0.97, "tool_results_per_answer": 2.5,
+             "vs_old_tool": {"b_only": solved_tool, "a_only": old_solved, "p_value": 0.001 if twice else 0.4}}
+    if own is not None:
+        point.update({"accuracy_own": own / n, "solved_own": own, "format_own": 0.4,
+                      "tool_vs_own": {"b_only": solved_tool - own, "a_only": 0, "p_value": 0.01}})
+    return {"rows": ["train", 0, n], "old_warm_start": {"solved": old_solved, "accuracy": old_solved / n},
+            "points": [{**point, "step": 109, "epochs": 0.25, "solved_tool": 1}, point], "best": 218,
+            "twice_the_old": twice}
+
+
+def test_the_curve_sentence_says_what_was_chosen_and_whether_it_clears_the_bar():
+    said = ct.sft_curve_sentence(_curve(30, 10, True, own=12))
+    assert said.startswith("With the calculator, the warm-up's adapter at step 218 (0.5 epochs)")
+    assert "30 of 512" in said and "so the new one rose" in said and "is at least twice" in said
+    assert "solved 12 (format 40 %): accuracy rose with the tool" in said
+    flat = ct.sft_curve_sentence(_curve(12, 10, False))
+    assert "no detectable change" in flat and "is not twice" in flat and "themselves" not in flat
+    rows = ct.sft_curve_rows(_curve(30, 10, True))
+    assert [r["SFT step"] for r in rows] == [109, 218] and rows[1]["accuracy %"] == 100 * 30 / 512

@@ -29,6 +29,7 @@ from grpo_course.infra.paths import project_root, shown_path
 from grpo_course.measure.attribution import chance_baseline
 from grpo_course.measure.evaluate import held_out_rows
 from grpo_course.measure.paired import greedy_summary, greedy_test, sampled_test
+from grpo_course.measure.stats import as_sentences, p_text, reading, wilson_interval
 from grpo_course.measure.whole_problems import REFERENCE_RUN, greedy, whole_verdict
 
 #: the committed run (the train CLI's layout: the final adapter, and ``sft/``, its warm start)
@@ -102,3 +103,70 @@ def calculator_tests(run: str | Path = CALCULATOR_RUN, old: str | Path = OLD_WAR
     lo, hi = GREEDY_ROWS
     out["chance"] = chance_baseline(held_out_rows("test", hi - lo, lo))
     return out
+
+
+# ---- the record in words and tables (the tool page reads data/calculator_test.json and
+# data/calculator_sft_curve.json through these)
+PHASE_NAMES = {"old_warm_start": "old warm start (210 solutions, no tool)",
+               "new_warm_start": "new warm start, without the tool",
+               "new_warm_start_tool": "new warm start, with the tool",
+               "grpo_tool": "after GRPO, with the tool"}
+
+
+def phase_rows(tests: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each phase's greedy accuracy on (a)'s problems, its format rate and the tool's results per
+    answer, with the paired change from the phase before (McNemar: problems gained and lost, p)."""
+    ph = tests["phases"]
+    rows, before = [], None
+    for key, name in PHASE_NAMES.items():
+        row = {"phase": name, "accuracy %": 100 * ph["accuracy"][key], "format %": 100 * ph["format"][key],
+               "tool results per answer": ph["tool_results_per_answer"][key]}
+        step = ph["steps"].get(f"{before} -> {key}") if before else None
+        if step:
+            m = step["mcnemar"]
+            row.update({"change (points)": 100 * (step["after"] - step["before"]),
+                        "gained, lost": f"{m['b_only']}, {m['a_only']}", "p": m["p_value"],
+                        "reading": reading(step["after"] - step["before"], m["p_value"], ALPHA)})
+        else:
+            row.update({"change (points)": None, "gained, lost": "–", "p": None, "reading": "–"})
+        rows.append(row)
+        before = key
+    return rows
+
+
+def sft_curve_rows(curve: dict[str, Any]) -> list[dict[str, Any]]:
+    """``bench/sft_curve.py``'s record as a table: each kept adapter's greedy accuracy on the
+    validation rows with the calculator, against the old warm start (McNemar)."""
+    n = curve["rows"][2] - curve["rows"][1]
+    return [{"SFT step": p["step"], "epochs": p["epochs"], "solved (with the tool)": p["solved_tool"],
+             "accuracy %": 100 * p["accuracy_tool"], "format %": 100 * p["format_tool"],
+             "tool results per answer": p["tool_results_per_answer"],
+             "vs the old warm start": f"{p['vs_old_tool']['b_only']} gained, {p['vs_old_tool']['a_only']} lost",
+             "p": p["vs_old_tool"]["p_value"], "n": n} for p in curve["points"]]
+
+
+def sft_curve_sentence(curve: dict[str, Any]) -> str:
+    """What the validation curve chose and whether it clears issue 106's bar (twice the old warm
+    start's problems, McNemar p < 0.05), in words decided by the record's numbers."""
+    n = curve["rows"][2] - curve["rows"][1]
+    old = curve["old_warm_start"]
+    best = next(p for p in curve["points"] if p["step"] == curve["best"])
+    lo, hi = wilson_interval(best["solved_tool"], n)
+    m = best["vs_old_tool"]
+    bar = ("that is at least twice the old warm start's, with p < 0.05: the bar it had to clear"
+           if curve["twice_the_old"] else
+           "that is not twice the old warm start's with p < 0.05, the bar it had to clear")
+    said = [f"with the calculator, the warm-up's adapter at step {best['step']} ({best['epochs']} epochs) "
+            f"solved the most validation problems: {best['solved_tool']} of {n} greedily "
+            f"({100 * best['accuracy_tool']:.1f} %, 95 % CI {100 * lo:.1f} to {100 * hi:.1f})",
+            f"the old warm start solved {old['solved']} ({100 * old['accuracy']:.1f} %), so the new one "
+            f"{reading(best['accuracy_tool'] - old['accuracy'], m['p_value'], ALPHA)} "
+            f"({m['b_only']} problems gained, {m['a_only']} lost, McNemar p = {p_text(m['p_value'])}), and {bar}"]
+    if "solved_own" in best:
+        t = best["tool_vs_own"]
+        word = reading(best["accuracy_tool"] - best["accuracy_own"], t["p_value"], ALPHA)
+        effect = {"rose": "accuracy rose with the tool", "fell": "accuracy fell with the tool"}.get(
+            word, "the tool made no detectable change")
+        said.append(f"the same weights writing every result themselves solved {best['solved_own']} "
+                    f"(format {100 * best['format_own']:.0f} %): {effect} (McNemar p = {p_text(t['p_value'])})")
+    return as_sentences(said)
