@@ -230,6 +230,7 @@ def test_the_calculators_tokens_leave_the_grpo_loss():
     t = _calc_trainer(calculator=True)
     inputs = t._generate_and_score_completions(t._rows(0, 2))
     assert torch.equal(inputs["tool_mask"], torch.ones_like(inputs["completion_mask"]))
+    assert inputs["sampled"]["tool_tokens"] == 0.0      # logged per step: the tool wrote nothing here
     tool = torch.ones_like(inputs["completion_mask"])
     tool[:, 1] = 0
     inputs["tool_mask"] = tool

@@ -35,6 +35,7 @@ def step_log(step: int, updates: list[dict[str, Any]], inputs: dict[str, Any], G
             "prompts_per_informative_group": n_groups / informative if informative else None,
             "completion_length": info["completion_length"],   # every sampled completion
             "clipped_ratio": info["clipped_ratio"],
+            **({"tool_tokens": info["tool_tokens"]} if "tool_tokens" in info else {}),   # calculator
             "correct_completions": correct_completions(info["per_func"]),
             "correct_mixed_groups": correct_mixed_groups(info["per_func"], G),   # sampled
             "trained_correct_mixed": info["trained_correct_mixed"],   # of informative_groups

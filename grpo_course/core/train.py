@@ -166,7 +166,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
         cfg, G = self.config, self.config.num_generations
         need = len(rows["question"]) if cfg.generation_batch_size is None else cfg.prompts_per_step
         kept, sampled_rewards, sampled_funcs, prompts_sampled, rounds = [], [], [], 0, 0
-        lengths, truncated, starts_sampled, starts_kept = [], [], [], []
+        lengths, truncated, tools, starts_sampled, starts_kept = [], [], [], [], []
         while True:
             with self._phase("sampling"):
                 batch = sample_completions(
@@ -182,6 +182,7 @@ class CourseTrainer(SFTWarmup, TrainingRun):
             sampled_funcs.append(per_func)
             lengths.append(batch.completion_lengths.float())
             truncated.append(batch.truncated.float())
+            tools.append((batch.completion_mask - batch.model_mask).sum(1).float())   # the tool's tokens
             names = start_names(rows) if cfg.start_mix else []     # each group's start (R3's mix)
             starts_sampled += names
             if not cfg.dynamic_sampling:
@@ -211,6 +212,8 @@ class CourseTrainer(SFTWarmup, TrainingRun):
                 "sampling_rounds": rounds, "prompts_sampled": prompts_sampled,
                 "completion_length": float(torch.cat(lengths).mean()),
                 "clipped_ratio": float(torch.cat(truncated).mean())}
+        if cfg.calculator:        # tokens the calculator wrote, per sampled completion
+            info["tool_tokens"] = float(torch.cat(tools).mean())
         if cfg.start_mix:         # which starts were sampled and trained (R3's mix)
             info["starts"] = {"sampled": starts_sampled, "batch": starts_kept}
         correct = {"correctness": torch.cat([c for _, _, c in kept])} if "correctness" in per_func else {}
