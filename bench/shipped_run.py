@@ -8,13 +8,16 @@
         --out data/runs/calculator/sft             # make sft-run: a warm-up alone (max_steps 0)
     python bench/shipped_run.py --recipe recipes/calculator_sft_run.yaml \
         --out data/runs/calculator/sft --export-only --sft_step 218   # a kept warm-up adapter
+    python bench/shipped_run.py --recipe recipes/calculator_run.yaml \
+        --warm_start data/runs/calculator/sft       # make calculator-run
 
 A recipe ``recipes/<name>_run.yaml`` trains with the train CLI (``python -m grpo_course.core.train
 --resume``; words this script does not know, such as ``--warm_start``, go to it) in a work folder
 outside the checkout (``$GRPO_COURSE_CACHE/runs/<name>``): stopped at any point (Ctrl-C, a closed
 laptop), the same command continues from its last checkpoint and ends where an uninterrupted run
 would. When the run has all its steps, its folder is exported to ``data/runs/<name>/`` in the
-train CLI's layout: the final adapter at the top, the warm start it began from in ``sft/`` and
+train CLI's layout: the final adapter at the top, the warm start it began from in ``sft/`` (with
+its own ``run.json``, ``config.yaml`` and ``metrics.jsonl`` where it is a shipped warm-up) and
 the snapshots a recipe's ``snapshot_every`` kept in ``steps/<step>/`` (all with bf16 weights: the
 learning curve validates them), ``config.yaml``, ``metrics.jsonl``, ``pool.json`` (the screened
 prompts), and ``run.json``: the machine, the hours of training and the commit that trained it.
@@ -49,6 +52,8 @@ RECIPE = RECIPES_DIR / "reference_run.yaml"     # the default: the reference run
 #: an adapter folder as load_model reads it (the tokenizer is the base model's)
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 STARTED = "started.json"          # in the work folder: the commit and time of the first start
+#: a shipped warm-up's own record, kept in the sft/ of a run that starts from it
+WARM_START_RECORD = (RUN_CONFIG_FILE, METRICS_FILE, "run.json")
 
 
 def commit() -> str:
@@ -128,6 +133,10 @@ def export(work: Path, out: Path, recipe: Path = RECIPE, reproduce: str = "make 
         copy_adapter(adapter, tmp)
         if grpo:            # a warm-up alone (max_steps 0) is the adapter at the top
             copy_adapter(work / "sft", tmp / "sft")
+            # a shipped warm start keeps its own record beside it (make sft-run's run.json, ...)
+            for name in WARM_START_RECORD:
+                if warm_start and (Path(warm_start) / name).is_file():
+                    shutil.copy2(Path(warm_start) / name, tmp / "sft" / name)
         for folder in snapshots:
             copy_adapter(folder, tmp / SNAPSHOTS / folder.name)
         (tmp / RUN_CONFIG_FILE).write_text(config)
@@ -163,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else cache_dir() / "runs" / name
     out = Path(args.out) if args.out else ROOT / "data" / "runs" / name
     known = {"reference": "make reference-run", "curriculum": "make curriculum-run",
-             "calculator_sft": "make sft-run"}
+             "calculator_sft": "make sft-run", "calculator": "make calculator-run"}
     reproduce = known.get(name, f"python bench/shipped_run.py --recipe {args.recipe} {' '.join(extra)}".strip())
     warm = next((extra[i + 1] for i, w in enumerate(extra[:-1]) if w in ("--warm_start", "--warm-start")),
                 None)

@@ -110,3 +110,23 @@ def test_the_curve_sentence_says_what_was_chosen_and_whether_it_clears_the_bar()
     assert "no detectable change" in flat and "is not twice" in flat and "themselves" not in flat
     rows = ct.sft_curve_rows(_curve(30, 10, True))
     assert [r["SFT step"] for r in rows] == [109, 218] and rows[1]["accuracy %"] == 100 * 30 / 512
+
+
+def test_the_live_recheck_samples_test_b_s_first_rows_with_the_tool(monkeypatch):
+    import pytest
+    with pytest.raises(ValueError, match="multiple of 4"):
+        ct.live_recheck("data/runs/calculator", 6)
+    seen = {}
+
+    def fake_pair(before, after, rows, samples, budget, progress, **sampling):
+        seen.update(before=str(before), after=str(after), n=len(rows), samples=samples, budget=budget, **sampling)
+        one = SampledResult(samples, [{"idx": r["idx"], "right": 1, "formatted": samples, "nll": 1.0, "tokens": 4}
+                                      for r in rows], 1.0, "m")
+        return one, one
+
+    monkeypatch.setattr(ct, "held_out_rows", lambda split, n, offset: [{"idx": offset + i} for i in range(n)])
+    monkeypatch.setattr(ct, "sampled_pair", fake_pair)
+    out = ct.live_recheck("data/runs/calculator", 8, progress=False)
+    assert seen["before"].endswith("calculator/sft") and seen["n"] == 8 and seen["calculator"] is True
+    assert (seen["samples"], seen["budget"], seen["seed"], seen["temperature"]) == (4, 256, 4321, 1.0)
+    assert len(out["after"]["right"]) == 8

@@ -82,6 +82,15 @@ def test_a_finished_run_is_exported_in_bf16_with_its_machine_and_hours(tmp_path)
                        "--out", str(tmp_path / "cur")]) == 0
     info = json.loads((tmp_path / "cur" / "run.json").read_text())
     assert info["recipe"] == "recipes/curriculum_run.yaml" and info["reproduce"] == "make curriculum-run"
+    # a shipped warm-up it began from keeps its own record in sft/ (make sft-run's run.json, ...)
+    warm = tmp_path / "warm"
+    _adapter(warm)
+    (warm / "run.json").write_text('{"reproduce": "make sft-run"}')
+    assert bench.main(["--export-only", "--recipe", str(bench.RECIPE.with_name("calculator_run.yaml")),
+                       "--work", str(work), "--out", str(tmp_path / "calc"), "--warm_start", str(warm)]) == 0
+    assert json.loads((tmp_path / "calc" / "sft" / "run.json").read_text())["reproduce"] == "make sft-run"
+    assert json.loads((tmp_path / "calc" / "run.json").read_text())["reproduce"] == "make calculator-run"
+    assert not (tmp_path / "calc" / "sft" / "config.yaml").exists()     # only what the warm start has
 
 
 def test_a_kept_warm_up_adapter_is_exported_as_a_warm_up_of_that_many_steps(tmp_path):

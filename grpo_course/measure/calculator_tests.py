@@ -28,7 +28,7 @@ from typing import Any
 from grpo_course.infra.paths import project_root, shown_path
 from grpo_course.measure.attribution import chance_baseline
 from grpo_course.measure.evaluate import held_out_rows
-from grpo_course.measure.paired import greedy_summary, greedy_test, sampled_test
+from grpo_course.measure.paired import BATCH_PROMPTS, greedy_summary, greedy_test, sampled_pair, sampled_test
 from grpo_course.measure.stats import as_sentences, p_text, reading, wilson_interval
 from grpo_course.measure.whole_problems import REFERENCE_RUN, greedy, whole_verdict
 
@@ -103,6 +103,19 @@ def calculator_tests(run: str | Path = CALCULATOR_RUN, old: str | Path = OLD_WAR
     lo, hi = GREEDY_ROWS
     out["chance"] = chance_baseline(held_out_rows("test", hi - lo, lo))
     return out
+
+
+def live_recheck(run: str | Path, problems: int, progress: bool = True) -> dict[str, Any]:
+    """Test (b) again, now, with the calculator: its first ``problems`` rows (whole sampling
+    blocks), the run's warm start and the run, with the bench's seed and blocks, so that the same
+    kind of machine draws the same answers. One model in memory at a time."""
+    if problems <= 0 or problems % BATCH_PROMPTS:
+        raise ValueError(f"problems={problems}: must be a positive multiple of {BATCH_PROMPTS} "
+                         f"(whole sampling blocks, so the seeds match the bench's)")
+    rows = held_out_rows("test", problems, SAMPLED_ROWS[0])
+    a, b = sampled_pair(Path(run) / "sft", Path(run), rows, SAMPLES, BUDGET, progress, temperature=TEMPERATURE,
+                        seed=SEED, batch_prompts=BATCH_PROMPTS, sampling_dtype="auto", calculator=True)
+    return {"before": a.summary(), "after": b.summary()}
 
 
 # ---- the record in words and tables (the tool page reads data/calculator_test.json and
