@@ -406,7 +406,8 @@ def test_the_fixed_tests_words_come_from_the_shipped_record():
     fixed = json.loads((ROOT / "data" / "reference_test.json").read_text())
     said = fixed_test_sentences(fixed)
     assert set(said) == {"ref_verdict", "ref_table", "ref_transfer", "ref_passk_change", "ref_pattern",
-                         "ref_greedy"}
+                         "ref_greedy", "ref_format_share"}
+    assert said["ref_format_share"].count("the format explains") == len(fixed["slices"])
     assert said["ref_verdict"].startswith("it passed" if fixed["verdict"]["passed"] else "it did not pass")
     whole = fixed["transfer"]["whole_problems"]
     word = "no detectable change" if whole["mcnemar"]["p_value"] >= 0.05 else \

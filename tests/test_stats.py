@@ -163,3 +163,17 @@ def test_p_text_never_rounds_a_p_across_its_threshold():
     assert p_text(0.684) == "0.68"
     assert p_text(0.0096, alpha=0.01) == "0.0096"
     assert p_text(0.00996, alpha=0.01) == "0.00996"
+
+
+def test_format_share_splits_a_change_into_format_and_accuracy_per_formatted_answer():
+    from grpo_course.measure.stats import format_share, format_share_words
+    # 2 % right of 80 % formatted -> 3 % right of 100 %: 2.5 % per formatted answer before, 3 % after
+    s = format_share(0.02, 0.80, 0.03, 1.00)
+    assert s["from_format"] == pytest.approx(0.025 * 0.20) and s["from_accuracy"] == pytest.approx(0.01 - 0.005)
+    assert s["from_format"] + s["from_accuracy"] == pytest.approx(s["change"])
+    words = format_share_words(0.02, 0.80, 0.03, 1.00)
+    assert words.startswith("of +1.0 points, the format explains +0.5 (80 → 100 % formatted)") and "2.5 → 3.0 %" in words
+    assert len(words.split()) <= 30
+    # all of it format: the same accuracy per formatted answer
+    assert format_share(0.01, 0.5, 0.02, 1.0)["from_accuracy"] == pytest.approx(0.0)
+    assert "explains all +2.0 points" in format_share_words(0.0, 0.0, 0.02, 0.9)

@@ -264,3 +264,17 @@ def test_the_candidate_rule_takes_the_best_step_among_those_that_rose_and_else_n
     assert chosen_candidate([r for r in rows if r["reading"] != "rose"]) is None
     fell = candidate_steps([curve("x", 1e-4, (0.0, 0, 11, 0.001), (0.02, 3, 3, 1.0))])
     assert fell[0]["reading"] == "fell" and chosen_candidate(fell) is None
+
+
+def test_the_format_share_of_the_shipped_curriculum_test_adds_up():
+    import json
+    from pathlib import Path
+
+    from grpo_course.measure.stats import format_share
+    record = json.loads((Path(__file__).resolve().parents[1] / "data" / "curriculum_test.json").read_text())
+    said = wp.format_share_sentence(record["run"])
+    assert said.startswith("Greedy accuracy: of ") and ". Sampled pass@1: of " in said
+    s = record["run"]["sampled"]
+    split = format_share(s["pass_at_1"]["mean_a"], s["before"]["format_rate"],
+                         s["pass_at_1"]["mean_b"], s["after"]["format_rate"])
+    assert split["from_format"] + split["from_accuracy"] == pytest.approx(s["pass_at_1"]["difference"])

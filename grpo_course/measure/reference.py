@@ -32,7 +32,14 @@ from grpo_course.core.runs import read_metrics
 from grpo_course.infra.paths import project_root, shown_path
 from grpo_course.measure.evaluate import held_out_rows
 from grpo_course.measure.paired import greedy_test, sampled_test
-from grpo_course.measure.stats import describe_difference, p_text, paired_difference, reading
+from grpo_course.measure.stats import (
+    as_sentences,
+    describe_difference,
+    format_share_words,
+    p_text,
+    paired_difference,
+    reading,
+)
 
 #: the committed reference run (the train CLI's layout: the final adapter, and ``sft/``)
 REFERENCE_RUN = project_root() / "data" / "runs" / "reference"
@@ -213,8 +220,9 @@ def fixed_test_table(fixed: dict[str, Any]) -> list[dict[str, Any]]:
 def fixed_test_sentences(fixed: dict[str, Any]) -> dict[str, str]:
     """The record in short sentences, every direction word from its number: the verdict
     (``ref_verdict``), each slice (``ref_table``), the transfer (``ref_transfer``), the paired change
-    of pass@K (``ref_passk_change``), the pattern by the rule fixed before the run (``ref_pattern``)
-    and greedy accuracy (``ref_greedy``)."""
+    of pass@K (``ref_passk_change``), the pattern by the rule fixed before the run (``ref_pattern``),
+    greedy accuracy (``ref_greedy``) and how much of pass@1's change the format explains
+    (``ref_format_share``)."""
     table, k, verdict = fixed_test_table(fixed), fixed["samples"], fixed["verdict"]
     # added after the result was seen (the fixed test reports pass@K per model, not paired): the
     # paired change of pass@K, a problem counted when at least one of its K samples is right
@@ -249,4 +257,10 @@ def fixed_test_sentences(fixed: dict[str, Any]) -> dict[str, str]:
         "ref_greedy": "; ".join(
             f"on rows {t['test rows']}, {reading(t['greedy after %'] - t['greedy before %'], t['McNemar p'])} "
             f"({t['greedy before %']:.1f} → {t['greedy after %']:.1f} %, McNemar p = {p_text(t['McNemar p'])})"
-            for t in table)}
+            for t in table),
+        # how much of each slice's change of pass@1 the format explains (a decomposition, untested)
+        "ref_format_share": as_sentences([
+            f"rows {s['rows'][0]}-{s['rows'][1] - 1}: "
+            + format_share_words(s["sampled"]["pass_at_1"]["mean_a"], s["sampled"]["before"]["format_rate"],
+                                 s["sampled"]["pass_at_1"]["mean_b"], s["sampled"]["after"]["format_rate"])
+            for s in fixed["slices"]])}

@@ -182,3 +182,32 @@ def mean_interval(values: Sequence[float],
     half = t_quantile(n - 1) * se
     return {"n": n, "mean": mean, "lo": max(bounds[0], mean - half),
             "hi": min(bounds[1], mean + half)}
+
+
+def format_share(acc_a: float, fmt_a: float, acc_b: float, fmt_b: float) -> dict[str, float | None]:
+    """How much of a change of accuracy the format explains: ``acc = fmt * r``, with ``r`` the
+    accuracy among formatted answers, so ``acc_b - acc_a = r_a * (fmt_b - fmt_a) + fmt_b * (r_b - r_a)``.
+    ``from_format`` is what more (or fewer) answers in the format give at the first model's accuracy
+    per formatted answer; ``from_accuracy`` the change of that accuracy. A decomposition of point
+    estimates, not a test. With no formatted answer before, the format explains all of it."""
+    change = acc_b - acc_a
+    if fmt_a <= 0:
+        return {"change": change, "from_format": change, "from_accuracy": 0.0, "per_formatted_a": None,
+                "per_formatted_b": acc_b / fmt_b if fmt_b > 0 else None}
+    r_a = acc_a / fmt_a
+    from_format = r_a * (fmt_b - fmt_a)
+    return {"change": change, "from_format": from_format, "from_accuracy": change - from_format,
+            "per_formatted_a": r_a, "per_formatted_b": acc_b / fmt_b if fmt_b > 0 else None}
+
+
+def format_share_words(acc_a: float, fmt_a: float, acc_b: float, fmt_b: float) -> str:
+    """:func:`format_share` in one clause (points of accuracy): how much of the change more answers
+    in the format explain, and how much is a change of accuracy among formatted answers."""
+    s = format_share(acc_a, fmt_a, acc_b, fmt_b)
+    if s["per_formatted_a"] is None:
+        return (f"no answer was in the format before, so the format explains all "
+                f"{100 * s['change']:+.1f} points")
+    return (f"of {100 * s['change']:+.1f} points, the format explains {100 * s['from_format']:+.1f} "
+            f"({100 * fmt_a:.0f} → {100 * fmt_b:.0f} % formatted) and the share right per formatted answer "
+            f"{100 * s['from_accuracy']:+.1f} ({100 * s['per_formatted_a']:.1f} → "
+            f"{100 * (s['per_formatted_b'] or 0):.1f} %)")

@@ -40,6 +40,7 @@ from grpo_course.measure.paired import (
 from grpo_course.measure.stats import (
     as_sentences,
     describe_difference,
+    format_share_words,
     interval_words,
     p_text,
     reading,
@@ -243,6 +244,15 @@ def format_reading(tests: dict[str, Any], label: str) -> str:
             f"n = {g['n']}); its share of right equations went from {share(a)} to {share(b)} and its "
             f"equations per answer from {a['equations_per_problem']:.2f} to {b['equations_per_problem']:.2f} "
             f"(both untested).")
+
+
+def format_share_sentence(tests: dict[str, Any]) -> str:
+    """How much of each test's change the format explains (:func:`~grpo_course.measure.stats.format_share`:
+    a decomposition of point estimates, untested): (a) greedy accuracy and (b) sampled pass@1."""
+    g, s = tests["greedy"], tests["sampled"]
+    return as_sentences([
+        f"greedy accuracy: {format_share_words(g['before'], g['format_before'], g['after'], g['format_after'])}",
+        f"sampled pass@1: {format_share_words(s['pass_at_1']['mean_a'], s['before']['format_rate'], s['pass_at_1']['mean_b'], s['after']['format_rate'])}"])
 
 
 # ---- what the course shows on whole problems, from the shipped records (the intro, page 3b)
