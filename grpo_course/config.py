@@ -383,8 +383,12 @@ def coerce_field(name: str, value: Any) -> Any:
 
 
 def load_recipe(path: str | os.PathLike, extra_keys: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The GRPOConfig fields of a YAML recipe, typed (keys in ``extra_keys`` pass unchanged)."""
+    """The GRPOConfig fields of a YAML recipe, typed (keys in ``extra_keys`` pass unchanged).
+    ``recipes/<name>.yaml`` that is not a file here names the course's own recipe (the checkout's
+    ``recipes/`` is ``grpo_course/recipes/``), so the commands a page prints run from any folder."""
     path = Path(path)
+    if not path.is_file() and path.parent == Path("recipes") and (RECIPES_DIR / path.name).is_file():
+        path = RECIPES_DIR / path.name
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:

@@ -228,3 +228,12 @@ def test_train_command_round_trips(profile):
     args, again, name = parse_train_args(words[3:])
     assert (again, name, args.out) == (cfg, profile, "runs/x")
     assert train_command(P.grpo, profile, "o").endswith(f"--profile {profile} --out o")
+    # the course's recipe is named recipes/<name>: no machine path, and it loads from any folder
+    assert "--config recipes/dr_grpo.yaml" in command and str(C.RECIPES_DIR) not in command
+
+
+def test_a_course_recipe_loads_by_its_printed_name_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert C.load_recipe("recipes/dr_grpo.yaml") == C.load_recipe(C.RECIPES_DIR / "dr_grpo.yaml")
+    with pytest.raises(C.ConfigError, match="cannot be read"):
+        C.load_recipe("recipes/no_such_recipe.yaml")

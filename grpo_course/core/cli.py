@@ -23,7 +23,7 @@ from typing import Any, Union, get_args, get_origin
 
 from transformers import HfArgumentParser
 
-from grpo_course.config import ConfigError, GRPOConfig, coerce_field, get_profile, load_recipe
+from grpo_course.config import RECIPES_DIR, ConfigError, GRPOConfig, coerce_field, get_profile, load_recipe
 from grpo_course.core.runs import RUN_KEYS, load_run_config
 
 CHECKPOINT = "checkpoint"
@@ -174,12 +174,20 @@ def _flag_value(value: Any) -> list[str]:
     return [str(value)]
 
 
+def shown_recipe(recipe: str | Path) -> str:
+    """A recipe as a printed command names it: ``recipes/<name>.yaml`` for one of the course's own
+    (:func:`~grpo_course.config.load_recipe` finds it from any folder), never a machine's path."""
+    recipe = Path(recipe)
+    return f"recipes/{recipe.name}" if (RECIPES_DIR / recipe.name).is_file() and \
+        recipe.resolve() == (RECIPES_DIR / recipe.name).resolve() else str(recipe)
+
+
 def config_flags(config: GRPOConfig, profile: str, recipe: str | Path | None = None) -> list[str]:
     """``--profile`` (and ``--config recipe``), then a flag for each field of ``config`` that the
     two leave different: the words that rebuild ``config`` on any train command line."""
     base = {**dataclasses.asdict(get_profile(profile).grpo), **(load_recipe(recipe) if recipe else {})}
     words = ["--profile", get_profile(profile).name]
-    words += ["--config", str(recipe)] if recipe else []
+    words += ["--config", shown_recipe(recipe)] if recipe else []
     for name, value in dataclasses.asdict(config).items():
         if value != base[name]:
             words += [f"--{name}", *_flag_value(value)]

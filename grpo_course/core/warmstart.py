@@ -28,7 +28,7 @@ from grpo_course.core.train import CourseTrainer
 from grpo_course.infra.atomic import atomic_write, write_text_atomic
 from grpo_course.infra.fingerprint import code_fingerprint, data_hash
 from grpo_course.infra.memory import free_memory
-from grpo_course.infra.paths import cache_dir, runs_dir
+from grpo_course.infra.paths import cache_dir, runs_dir, shown_path
 
 WARM_FIELDS = ("model", "sft_steps", "sft_batch_size", "sft_learning_rate", "sft_dtype",
                "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "max_grad_norm",
@@ -56,9 +56,9 @@ def warm_start(config, train_dataset, verbose: bool = True) -> Path:
         broken = unloadable(folder / STATE_FILE)
         if broken is None:
             if verbose:
-                print(f"warm start: reusing {config.sft_steps} SFT steps from {folder}")
+                print(f"warm start: reusing {config.sft_steps} SFT steps from {shown_path(folder)}")
             return folder
-        print(f"warm start: {folder / STATE_FILE} does not load ({broken}); training it again")
+        print(f"warm start: {shown_path(folder / STATE_FILE)} does not load ({broken}); training it again")
     if verbose:
         print(f"warm start: training {config.sft_steps} SFT steps once; every chapter then "
               f"reuses them from {folder}")
@@ -135,7 +135,7 @@ def trained_policy(profile, train_dataset) -> tuple[Path, str]:
         broken = unloadable(folder / adapter)
         if broken is None:
             return folder, how
-        print(f"{folder / adapter} does not load ({broken}); training the policy again")
+        print(f"{shown_path(folder / adapter)} does not load ({broken}); training the policy again")
 
     (folder / "policy_key.txt").unlink(missing_ok=True)   # stale until the new policy is saved
     model, tokenizer = load_model(config.model)

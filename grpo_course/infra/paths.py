@@ -71,5 +71,5 @@ def read_cached(path: Path, usable: Callable[[dict[str, Any]], bool]) -> dict[st
             return stored
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
-    print(f"cache: {path} is unreadable or stale; computing it again", file=sys.stderr)
+    print(f"cache: {shown_path(path)} is unreadable or stale; computing it again", file=sys.stderr)
     return None
