@@ -221,7 +221,7 @@ def test_recorded_answers_read_an_evaluation_s_own_completions():
         recorded_answers(results, 9)
 
 
-def test_eval_blocks_make_a_prefix_reuse_the_cache_of_a_longer_run(gsm8k_dir, tmp_path, monkeypatch):
+def test_eval_blocks_make_a_prefix_reuse_the_cache_of_a_longer_run(gsm8k_dir, tmp_path, monkeypatch, capsys):
     """Rows are decoded in blocks of EVAL_BLOCK: the first block's records do not depend on the rows
     after it, so an evaluation of a prefix reuses the cached blocks of a longer one."""
     from grpo_course.core.data import load_gsm8k
@@ -242,6 +242,13 @@ def test_eval_blocks_make_a_prefix_reuse_the_cache_of_a_longer_run(gsm8k_dir, tm
     assert prefix.cached and prefix.records == longer.records[:2]
     assert run(rows, cache=False).records == longer.records                  # same with or without
     assert [r["idx"] for r in longer.records] == list(rows["idx"])
+    # records read back whole from the cache print one line, not a progress bar
+    capsys.readouterr()
+    ev.evaluate_model(model, tok, rows, batch_size=2, max_new_tokens=6, progress=True, cache=True,
+                      sampling_dtype="float32", name="/tmp/x/after SFT")
+    out = capsys.readouterr()
+    assert out.out.startswith("evaluate: 3 problems read from the cache (x/after SFT, decoded before in ")
+    assert "it/s" not in out.err
 
 
 # ---------------------------------------------------------------- sampled rewards, pass@k

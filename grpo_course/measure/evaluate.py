@@ -186,7 +186,7 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
     code = code_fingerprint("grpo_course.measure.evaluate") if cache else None   # this module and all it imports
     records: list[dict[str, Any]] = []
     seconds, all_cached = 0.0, True
-    bar = tqdm(total=len(rows), desc="evaluate", disable=not progress)
+    bar = None          # a bar once a block must be decoded: records read from the cache print one line
     for lo in range(0, len(rows), EVAL_BLOCK):
         block, block_prompts = rows[lo:lo + EVAL_BLOCK], prompts[lo:lo + EVAL_BLOCK]
         path = None
@@ -201,8 +201,9 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
             if stored is not None:
                 records += stored["records"]
                 seconds += stored["seconds"]
-                bar.update(len(block))
                 continue
+        if bar is None:
+            bar = tqdm(total=len(rows), initial=len(records), desc="evaluate", disable=not progress)
         start = time.perf_counter()
         done = _decode_block(model, tokenizer, block, block_prompts, lo, batch_size,
                              max_new_tokens, dtype, bar, fast, calculator)
@@ -213,7 +214,11 @@ def evaluate_model(model, tokenizer, dataset, batch_size: int = 32, max_new_toke
         records += done
         seconds += spent
         all_cached = False
-    bar.close()
+    if bar is not None:
+        bar.close()
+    elif progress and rows:
+        print(f"evaluate: {len(rows)} problems read from the cache ({shown_path(name) if name else 'this model'}, decoded "
+              f"before in {seconds:.0f} s)")
     return EvalResult.from_records(records, seconds, name, cached=cache and all_cached and bool(rows))
 
 
