@@ -76,3 +76,11 @@ def test_a_changed_file_claims_no_commit_date(tmp_path, monkeypatch):
     assert R.committed("r.json")
     (tmp_path / "r.json").write_text('{"new": 1}')
     assert R.committed("r.json") is None
+
+
+def test_a_benchmark_s_machine_is_one_line_not_a_dump():
+    line = R.measured_on({"cpu": "AMD EPYC", "native_bf16": True, "threads": 2, "date": "2026-12-03",
+                          "minutes": 61.26, "avx2": True}, "data/x.json")
+    assert line == "data/x.json: measured on AMD EPYC, native bf16, 2 threads, 2026-12-03, 61 min"
+    assert R.measured_on({"native_bf16": False}) == "measured on no native bf16 (fp32)"
+    assert R.measured_on(None) == "measured on a machine it does not name"

@@ -57,6 +57,22 @@ def shipped(path: str, facts: dict[str, Any] | None) -> str:
     return f"shipped: {path}" + (f" ({where})" if where else "")
 
 
+def measured_on(facts: dict[str, Any] | None, what: str = "") -> str:
+    """Where a shipped benchmark ran, as one line a page prints (not a dump of its record): the CPU,
+    its bf16 precision, the threads, the date and the minutes where ``facts`` has them."""
+    facts = facts or {}
+    parts = [str(facts["cpu"])] if facts.get("cpu") else []
+    if "native_bf16" in facts:
+        parts.append("native bf16" if facts["native_bf16"] else "no native bf16 (fp32)")
+    if facts.get("threads"):
+        parts.append(f"{facts['threads']} threads")
+    if facts.get("date"):
+        parts.append(str(facts["date"]))
+    if facts.get("minutes") is not None:
+        parts.append(f"{facts['minutes']:.0f} min")
+    return (f"{what}: " if what else "") + "measured on " + (", ".join(parts) or "a machine it does not name")
+
+
 def results_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """The box's rows as a table, one measure a row."""
     return pd.DataFrame(rows, columns=list(COLUMNS)).set_index("measure")
