@@ -330,7 +330,7 @@ def test_a_long_warm_up_keeps_snapshots_and_resumes_where_it_stopped(tmp_path):
     short.out_dir = tmp_path / "short"
     short.train()
     kept = load_file(tmp_path / "whole" / SFT_SNAPSHOTS / "2" / "adapter_model.safetensors")
-    two = load_file(tmp_path / "short" / "adapter_model.safetensors")
+    two = load_file(tmp_path / "short" / "sft" / "adapter_model.safetensors")      # train() keeps it as sft/
     assert kept.keys() == two.keys()
     for name, value in two.items():
         torch.testing.assert_close(kept[name], value)
