@@ -564,21 +564,6 @@ class ReferenceSizes:
 
 
 @dataclass(frozen=True)
-class ToolSizes:
-    """Page 5b, GRPO with a tool: GSM8K's calculator in the sampler, from the calculator's warm
-    start (``data/runs/calculator/sft``): one group shown token by token, a few live GRPO steps on
-    whole problems with the tool, a live re-check of the shipped run's sampled test, TRL's way."""
-    group: int = 4                       # completions of one problem shown with the tool's tokens
-    max_completion_length: int = 256     # a whole answer with annotations (the shipped run's)
-    steps: int = 3                       # live GRPO steps on whole problems, the tool on
-    per_step_completions: int = 16       # completions a live step trains on (2 groups of 8)
-    pool_prompts: int = 32               # whole problems the warm start screens for mixed groups
-    live_problems: int = 8               # test (b)'s first rows sampled again live (whole sampling
-                                         # blocks of 4; 0: none, the benchmark's numbers alone)
-    trl_steps: int = 1                   # steps of TRL's GRPOTrainer with the calculator's rollout
-
-
-@dataclass(frozen=True)
 class ShortRunSizes:
     """Chapters 4 and 5 train shorter runs than chapter 3, with smaller steps (see
     :meth:`Profile.short_run`)."""
@@ -602,7 +587,6 @@ class Profile:
     ref: ReferenceSizes = field(default_factory=ReferenceSizes)      # chapter 3's reference run
     trl: TRLSizes = field(default_factory=TRLSizes)                  # chapter 4
     cl: CurriculumSizes = field(default_factory=CurriculumSizes)     # chapter 5
-    tool: ToolSizes = field(default_factory=ToolSizes)               # page 5b, GRPO with a tool
     quant: QuantSizes = field(default_factory=QuantSizes)            # chapter 6
     prof: ProfilingSizes = field(default_factory=ProfilingSizes)     # chapter 7
     short: ShortRunSizes = field(default_factory=ShortRunSizes)      # chapters 4 and 5
@@ -621,18 +605,6 @@ class Profile:
     def main_run(self) -> GRPOConfig:
         """Chapter 3's main run: the profile's recipe at the reverse-curriculum start."""
         return replace(self.grpo, **self.start.changes)
-
-    @property
-    def tool_run(self) -> GRPOConfig:
-        """Page 5b's live GRPO steps: the calculator run's recipe (whole problems, the tool on, its
-        warm start's LoRA shape) at the page's sizes, a sampling round of two steps' prompts."""
-        t = self.tool
-        return replace(self.grpo, **{**CALCULATOR_RUN, "max_steps": t.steps,
-                                     "per_step_completions": t.per_step_completions,
-                                     "generation_batch_size": 2 * t.per_step_completions,
-                                     "pool_prompts": t.pool_prompts,
-                                     "max_completion_length": t.max_completion_length,
-                                     "save_every": 0, "snapshot_every": 0})
 
     def with_grpo(self, **changes: Any) -> Profile:
         return replace(self, grpo=replace(self.grpo, **changes))
@@ -701,8 +673,6 @@ def sizes_for(native_bf16: bool, amx: bool) -> str:
 GRPO_LEVERS: dict[str, Any] = load_recipe(RECIPES_DIR / "grpo_levers.yaml")
 #: ... and chapter 3's main run on top of them: GRPO where the groups are mixed
 REVERSE_CURRICULUM: dict[str, Any] = load_recipe(RECIPES_DIR / "reverse_curriculum.yaml")
-#: ... and page 5b's live steps: the calculator run's recipe (GRPO on whole problems with the tool)
-CALCULATOR_RUN: dict[str, Any] = load_recipe(RECIPES_DIR / "calculator_run.yaml")
 
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
@@ -724,7 +694,6 @@ PROFILES: dict[str, Profile] = {
         trl=TRLSizes(max_steps=1, eval_n=8, ddp_steps=1),
         cl=CurriculumSizes(steps_per_stage=1, max_completion_length=16, stage_problems=4, eval_n=4,
                            budgets=(16, 16, 24), fisher_prompts=2, live_problems=4),
-        tool=ToolSizes(group=2, max_completion_length=32, steps=1, per_step_completions=4, pool_prompts=4, live_problems=4),
         quant=QuantSizes(agreement_prompts=2, torchao_prompts=2, last_k=8, batch_sizes=(1,),
                          decode_tokens=6, torchao_batch_sizes=(1,), torchao_decode_tokens=2,
                          eval_n=4, policy_steps=1),
@@ -803,7 +772,6 @@ def _binder_profile(full: Profile) -> Profile:
         short=replace(full.short, per_step_completions=4),
         ref=replace(full.ref, live_problems=0),
         cl=replace(full.cl, live_problems=0),
-        tool=replace(full.tool, per_step_completions=8, live_problems=0),
         low_memory=True)
 
 
